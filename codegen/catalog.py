@@ -1,0 +1,103 @@
+"""Which kernels get built: the leaderboard shapes by default, plus user shapes.
+
+A shape is `BATCHxKV_LEN` (e.g. `48x2048`). Split count and tile choices come from the
+tuning table (codegen/tuning.json, written by `make tune`), else from a heuristic.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Iterable
+
+from .spec import ANY, ARCHS, IMPLEMENTED, KernelSpec, SpecError
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TUNING_FILE = os.path.join(HERE, "tuning.json")
+SHAPES_FILE = os.path.join(HERE, "shapes.txt")
+
+# The amd-mixed-mla benchmark shapes (../shared/leaderboard.md), batch x kv_len.
+LEADERBOARD_SHAPES = ((4, 1024), (4, 8192), (32, 1024), (32, 8192),
+                      (64, 1024), (64, 8192), (256, 1024), (256, 8192))
+DEFAULT_ARCHS = ("sm90a",)
+DEFAULT_DTYPES = (("bf16", "fp8e4m3fn"),)
+
+# Resident blocks the heuristic aims for: SMs x blocks per SM of the default tile.
+_TARGET_BLOCKS = {"sm90a": 132 * 2, "gfx950": 256 * 2, "gfx942": 304 * 2}
+
+
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    """'4x1024, 48x2048' or one shape a line (# comments) -> [(4, 1024), (48, 2048)]."""
+    shapes = []
+    for tok in re.split(r"[,\s]+", re.sub(r"#[^\n]*", "", text)):
+        if not tok:
+            continue
+        m = re.fullmatch(r"(\d+)x(\d+)", tok)
+        if not m or int(m[1]) <= 0 or int(m[2]) <= 0:
+            raise SpecError(f"shape {tok!r}: expected BATCHxKV_LEN with positive integers, e.g. 48x2048")
+        shapes.append((int(m[1]), int(m[2])))
+    return shapes
+
+
+def load_tuning(path: str = TUNING_FILE) -> dict:
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)
+
+
+def heuristic_params(arch: str, batch: int, kv_len: int) -> dict:
+    """Splits that fill the GPU without letting the partial outputs (32 KB a split, about
+    56 tokens of fp8 KV) rival the KV bytes: at least 256 tokens a split."""
+    block_n = 32
+    tiles = -(-kv_len // block_n)
+    splits = max(1, round(_TARGET_BLOCKS[arch] / batch))
+    splits = min(splits, max(1, kv_len // 256), tiles, 64)
+    return dict(splits=splits, block_n=block_n, stages=4)
+
+
+def params_for(arch: str, batch: int, kv_len: int, q_dtype: str, kv_dtype: str, tuning: dict) -> dict:
+    entry = tuning.get(arch, {}).get(f"q{q_dtype}_kv{kv_dtype}", {}).get(f"{batch}x{kv_len}")
+    if entry:
+        return {k: entry[k] for k in ("splits", "block_n", "stages")}
+    return heuristic_params(arch, batch, kv_len)
+
+
+def build_catalog(shapes: Iterable[tuple[int, int]] | None = None,
+                  archs: Iterable[str] = DEFAULT_ARCHS,
+                  dtypes: Iterable[tuple[str, str]] = DEFAULT_DTYPES,
+                  tuning: dict | None = None,
+                  include_shapes_file: bool = True) -> list[KernelSpec]:
+    """The sorted, duplicate-free list of specs to generate."""
+    tuning = load_tuning() if tuning is None else tuning
+    all_shapes = list(LEADERBOARD_SHAPES)
+    if include_shapes_file and os.path.exists(SHAPES_FILE):
+        with open(SHAPES_FILE) as f:
+            all_shapes += parse_shapes(f.read())
+    all_shapes += list(shapes or ())
+    specs = []
+    for arch in archs:
+        if arch not in ARCHS:
+            raise SpecError(f"arch {arch!r}: expected one of {sorted(ARCHS)}")
+        for q_dtype, kv_dtype in dtypes:
+            specs.append(KernelSpec(arch, ANY, ANY, ANY, q_dtype, kv_dtype))
+            for batch, kv_len in sorted(set(all_shapes)):
+                p = params_for(arch, batch, kv_len, q_dtype, kv_dtype, tuning)
+                specs.append(KernelSpec(arch, batch, kv_len, q_dtype=q_dtype, kv_dtype=kv_dtype, **p))
+    check_unique(specs)
+    unimplemented = [s.name for s in specs if not s.implemented]
+    if unimplemented:
+        raise SpecError("no device code yet for: " + ", ".join(unimplemented)
+                        + f" (implemented: {IMPLEMENTED})")
+    return sorted(specs, key=lambda s: s.name)
+
+
+def check_unique(specs: list[KernelSpec]) -> None:
+    names, keys = {}, {}
+    for s in specs:
+        if s.name in names:
+            raise SpecError(f"duplicate kernel name {s.name}")
+        if s.key in keys:
+            raise SpecError(f"{s.name} and {keys[s.key]} answer the same registry key {s.key}")
+        names[s.name] = s
+        keys[s.key] = s.name

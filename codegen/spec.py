@@ -1,0 +1,178 @@
+"""KernelSpec: the one source of truth for a generated kernel.
+
+A spec's name is fixed-order and tagged; it is the generated file's stem, the C symbol,
+the registry entry and the pytest id, and `KernelSpec.parse(name)` gives the spec back.
+
+    mla_decode_sm90a_b32_kv8192_s8_qbf16_kvfp8e4m3fn
+    mla_decode_sm90a_bany_kvany_sany_qbf16_kvfp8e4m3fn      (the generic, runtime-shaped kernel)
+
+Fields that keep their default value are left out of the name; any other value adds a
+tag in fixed order after the dtypes (`_h32`, `_ql4`, `_bn64`, `_st3`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+
+PREFIX = "mla_decode"
+
+# arch -> (vendor, lanes per warp/wavefront, fp8 flavour the arch's hardware decodes)
+ARCHS = {
+    "sm90a": ("nvidia", 32, "fp8e4m3fn"),
+    "gfx950": ("amd", 64, "fp8e4m3fn"),
+    "gfx942": ("amd", 64, "fp8e4m3fnuz"),
+}
+Q_DTYPES = ("bf16", "fp8")
+KV_DTYPES = ("bf16", "fp8e4m3fn", "fp8e4m3fnuz", "mxfp4")
+
+# What the device code implements today. The spec grammar is wider on purpose: later
+# formats slot in by widening these sets, not by changing names.
+IMPLEMENTED = {
+    "arch": ("sm90a",),
+    "q_dtype": ("bf16",),
+    "kv_dtype": ("fp8e4m3fn",),
+}
+
+ANY = 0  # batch / kv_len / splits of the generic kernel: sizes come at run time
+
+DEFAULTS = dict(num_heads=16, q_len=1, qk_dim=576, v_dim=512, block_n=32, stages=4)
+# optional tags, in name order: tag -> field
+OPTIONAL_TAGS = (("h", "num_heads"), ("ql", "q_len"), ("dk", "qk_dim"), ("dv", "v_dim"),
+                 ("bn", "block_n"), ("st", "stages"))
+
+
+class SpecError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, order=True)
+class KernelSpec:
+    arch: str
+    batch: int          # 0 = any (generic kernel)
+    kv_len: int         # 0 = any (generic kernel)
+    splits: int         # 0 = chosen at run time (generic kernel)
+    q_dtype: str = "bf16"
+    kv_dtype: str = "fp8e4m3fn"
+    num_heads: int = 16
+    q_len: int = 1
+    qk_dim: int = 576
+    v_dim: int = 512
+    block_n: int = 32   # KV tokens per pipeline tile
+    stages: int = 4     # tiles in flight (cp.async ring depth)
+
+    def __post_init__(self):
+        self.validate()
+
+    # ---- identity -------------------------------------------------------------------
+    @property
+    def generic(self) -> bool:
+        return self.batch == ANY
+
+    @property
+    def name(self) -> str:
+        def size(tag, v):
+            return f"{tag}any" if v == ANY else f"{tag}{v}"
+        parts = [PREFIX, self.arch, size("b", self.batch), size("kv", self.kv_len),
+                 size("s", self.splits), f"q{self.q_dtype}", f"kv{self.kv_dtype}"]
+        for tag, field in OPTIONAL_TAGS:
+            v = getattr(self, field)
+            if v != DEFAULTS[field]:
+                parts.append(f"{tag}{v}")
+        return "_".join(parts)
+
+    @property
+    def filename(self) -> str:
+        return f"{self.name}.hip"
+
+    @property
+    def vendor(self) -> str:
+        return ARCHS[self.arch][0]
+
+    @property
+    def lanes(self) -> int:
+        return ARCHS[self.arch][1]
+
+    @property
+    def key(self) -> tuple:
+        """What the runtime looks a problem up by: everything but the tuning choices."""
+        return (self.arch, self.batch, self.kv_len, self.q_dtype, self.kv_dtype,
+                self.num_heads, self.q_len)
+
+    @property
+    def implemented(self) -> bool:
+        return all(getattr(self, f) in allowed for f, allowed in IMPLEMENTED.items())
+
+    # ---- parsing --------------------------------------------------------------------
+    _NAME_RE = re.compile(
+        r"^" + PREFIX + r"_(?P<arch>[a-z0-9]+)_b(?P<batch>any|\d+)_kv(?P<kv_len>any|\d+)"
+        r"_s(?P<splits>any|\d+)_q(?P<q>[a-z0-9]+)_kv(?P<kv>[a-z0-9]+)(?P<rest>(_[a-z]+\d+)*)$")
+
+    @classmethod
+    def parse(cls, name: str) -> "KernelSpec":
+        m = cls._NAME_RE.match(name)
+        if not m:
+            raise SpecError(f"not a kernel name: {name!r} (expected e.g. "
+                            f"'{PREFIX}_sm90a_b32_kv8192_s8_qbf16_kvfp8e4m3fn')")
+        def size(v):
+            return ANY if v == "any" else int(v)
+        kw = dict(arch=m["arch"], batch=size(m["batch"]), kv_len=size(m["kv_len"]),
+                  splits=size(m["splits"]), q_dtype=m["q"], kv_dtype=m["kv"])
+        tags = dict(OPTIONAL_TAGS)
+        seen = []
+        for part in filter(None, m["rest"].split("_")):
+            tag, val = re.match(r"([a-z]+)(\d+)", part).groups()
+            if tag not in tags:
+                raise SpecError(f"{name!r}: unknown tag {tag!r} (known: {', '.join(tags)})")
+            seen.append(tag)
+            kw[tags[tag]] = int(val)
+        order = [t for t, _ in OPTIONAL_TAGS if t in seen]
+        if seen != order:
+            raise SpecError(f"{name!r}: tags out of order; expected {order}")
+        spec = cls(**kw)
+        if spec.name != name:  # e.g. a default value spelled out
+            raise SpecError(f"{name!r} is not canonical; the canonical name is {spec.name!r}")
+        return spec
+
+    # ---- validation -----------------------------------------------------------------
+    def validate(self):
+        def bad(field, expected):
+            raise SpecError(f"KernelSpec.{field}={getattr(self, field)!r}: expected {expected}")
+        if self.arch not in ARCHS:
+            bad("arch", f"one of {sorted(ARCHS)}")
+        if self.q_dtype not in Q_DTYPES:
+            bad("q_dtype", f"one of {Q_DTYPES}")
+        if self.kv_dtype not in KV_DTYPES:
+            bad("kv_dtype", f"one of {KV_DTYPES}")
+        if self.kv_dtype.startswith("fp8") and self.kv_dtype != ARCHS[self.arch][2]:
+            bad("kv_dtype", f"{ARCHS[self.arch][2]} on {self.arch} (the fp8 flavour its hardware decodes)")
+        generic = (self.batch == ANY, self.kv_len == ANY, self.splits == ANY)
+        if any(generic) and not all(generic):
+            bad("batch", "batch, kv_len and splits all 'any' (generic kernel) or all > 0")
+        for f in ("batch", "kv_len", "splits"):
+            if getattr(self, f) < 0:
+                bad(f, "a positive integer (or 0 = any)")
+        if self.num_heads != 16:
+            bad("num_heads", "16 (the device code's MMA M dimension)")
+        if self.q_len != 1:
+            bad("q_len", "1")
+        if (self.qk_dim, self.v_dim) != (576, 512):
+            bad("qk_dim", "576 with v_dim 512 (DeepSeek MLA latent + rope)")
+        if self.block_n not in (32, 64):
+            bad("block_n", "32 or 64")
+        if not 2 <= self.stages <= 8:
+            bad("stages", "2..8")
+        if not self.generic:
+            tiles = -(-self.kv_len // self.block_n)
+            if self.splits > max(1, tiles):
+                bad("splits", f"at most {max(1, tiles)} (kv_len {self.kv_len} is {tiles} tiles of {self.block_n})")
+            if self.splits > 64:
+                bad("splits", "at most 64")
+
+    def replace(self, **kw) -> "KernelSpec":
+        return dataclasses.replace(self, **kw)
+
+    def as_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["name"] = self.name
+        return d

@@ -1,0 +1,56 @@
+// Host side of a generated kernel: builds the kernel parameters from the C ABI problem
+// (already validated by the dispatcher) and launches decode (+ combine when split).
+#pragma once
+#include "mlagen/internal.h"
+#include "mlagen/device/mla_decode.cuh"
+
+namespace mlagen::device {
+
+#if defined(MLAGEN_NVIDIA)
+template <class T, class Shape>
+mlagen_status launch_mla_decode(const mlagen_problem* pr, int32_t splits) {
+  const WorkspaceLayout ws = workspace_layout(pr->batch, splits);
+  auto* base = static_cast<uint8_t*>(pr->workspace);
+  Params p{};
+  p.q = static_cast<const uint16_t*>(pr->q);
+  p.q_stride_token = pr->q_stride_token;
+  p.q_stride_head = pr->q_stride_head;
+  p.kv = static_cast<const uint8_t*>(pr->kv);
+  p.kv_stride_token = pr->kv_stride_token;
+  p.kv_scale = pr->kv_scale;
+  p.qo_indptr = pr->qo_indptr;
+  p.kv_indptr = pr->kv_indptr;
+  p.out = static_cast<uint16_t*>(pr->out);
+  p.out_stride_token = pr->out_stride_token;
+  p.out_stride_head = pr->out_stride_head;
+  p.part_ml = reinterpret_cast<float2*>(base + ws.ml_offset);
+  p.part_o = reinterpret_cast<float*>(base + ws.o_offset);
+  p.errors = reinterpret_cast<uint32_t*>(base);
+  p.batch = pr->batch;
+  p.splits = splits;
+  p.total_q = pr->total_q;
+  p.total_kv = pr->total_kv;
+  p.sm_scale = pr->sm_scale;
+
+  auto* kernel = &mla_decode_kernel<T, Shape>;
+  // The dynamic shared-memory limit is a per-device function attribute: set it once a device.
+  static uint64_t configured = 0;  // bit d: device d done (benign race: setting twice is harmless)
+  int dev = 0;
+  cudaGetDevice(&dev);
+  if (dev >= 64 || !(__atomic_load_n(&configured, __ATOMIC_RELAXED) >> dev & 1)) {
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
+    if (e != cudaSuccess)
+      return fail(MLAGEN_ERR_DEVICE, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize=%d): %s", T::kSmemBytes,
+                  cudaGetErrorString(e));
+    if (dev < 64) __atomic_fetch_or(&configured, uint64_t{1} << dev, __ATOMIC_RELAXED);
+  }
+  const auto stream = static_cast<cudaStream_t>(pr->stream);
+  kernel<<<dim3(splits, pr->batch), T::kThreads, T::kSmemBytes, stream>>>(p);
+  if (splits > 1) mla_combine_kernel<Shape><<<pr->batch * kHeads, 128, 0, stream>>>(p);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return fail(MLAGEN_ERR_DEVICE, "kernel launch failed: %s", cudaGetErrorString(e));
+  return MLAGEN_OK;
+}
+#endif
+
+}  // namespace mlagen::device

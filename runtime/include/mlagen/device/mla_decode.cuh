@@ -1,0 +1,298 @@
+// MLA decode attention, absorbed form, split-K with an online softmax.
+//
+// Per sequence b: 16 query heads q[b] (16 x 576) attend over the sequence's KV rows
+// (one shared 576-dim latent row per token; K = all 576 dims, V = the first 512):
+//     out[b] = softmax(q[b] K^T * sm_scale) V          (16 x 512)
+//
+// Work split: grid (splits, batch). Block (s, b) streams its share of the sequence's
+// tokens in tiles of kBlockN rows through a kStages-deep cp.async ring in shared memory.
+// Each tile is read from global memory once and serves both products:
+//   S = Q K^T : the 16 heads are the MMA M dimension; warp w owns the 144 dims
+//               [144w, 144w+144) of the inner product, the 4 partial S tiles are summed
+//               through shared memory, and every warp then holds the whole S tile.
+//   O += P V  : warp w owns the 128 output dims [128w, 128w+128).
+// KV bytes go to the tensor cores as f16 converted in registers (exact for e4m3); the
+// per-tensor KV scale and sm_scale are applied to S and O in fp32, never to the KV.
+// With one split the block writes the bf16 output; otherwise it writes an unnormalized
+// partial (O, running max m, running sum l) and combine_kernel merges the splits.
+#pragma once
+#include "mlagen/platform.h"
+#include "mlagen/device/shapes.cuh"
+
+#if defined(MLAGEN_NVIDIA)
+#include "mlagen/device/sm90_ops.cuh"
+#endif
+
+namespace mlagen::device {
+
+template <int kBlockN_, int kStages_>
+struct Tiling {
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kStages = kStages_;
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = kWarps * MLAGEN_WARP_SIZE;
+  static constexpr int kRowBytes = kQkDim + 16;  // padding: conflict-free row access
+  static constexpr int kStageBytes = kBlockN * kRowBytes;
+  static constexpr int kChunksPerRow = kQkDim / 16;  // 16-byte chunks
+  static constexpr int kCopiesPerThread = kBlockN * kChunksPerRow / kThreads;
+  static constexpr int kQkChunksPerWarp = kChunksPerRow / kWarps;  // 9 chunks of 16 dims
+  static constexpr int kVDimsPerWarp = kVDim / kWarps;             // 128
+  static constexpr int kNTiles = kBlockN / 8;                      // n8 MMA tiles per KV tile
+  static constexpr int kRedBytes = kWarps * kNTiles * MLAGEN_WARP_SIZE * 16;
+  static constexpr int kSmemBytes = kStages * kStageBytes + kRedBytes;
+  static constexpr int kMinBlocksPerSm = kSmemBytes <= 110 * 1024 ? 2 : 1;
+  static_assert(kBlockN % 32 == 0, "kBlockN: multiple of 32 (ldmatrix.x4 takes 4 n8 tiles)");
+  static_assert(kBlockN * kChunksPerRow % kThreads == 0, "tile copy must divide over the block");
+  static_assert(kChunksPerRow % kWarps == 0, "QK dims must divide over the warps");
+};
+
+#if defined(MLAGEN_NVIDIA)
+
+template <class T, class Shape>
+__global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
+mla_decode_kernel(const Params p) {
+  using namespace sm90;
+  constexpr int BN = T::kBlockN, ST = T::kStages, NT = T::kNTiles;
+  extern __shared__ __align__(128) uint8_t smem[];
+  const uint32_t smem_kv = smem_addr(smem);
+  float4* red = reinterpret_cast<float4*>(smem + ST * T::kStageBytes);
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane >> 2, t = lane & 3;
+  const int b = blockIdx.y, split = blockIdx.x;
+  const int splits = Shape::splits(p);
+
+  const Sequence seq = Shape::sequence(p, b);
+  const int tiles_total = (seq.len + BN - 1) / BN;
+  const int tiles_per_split = (tiles_total + splits - 1) / splits;
+  const int tile_begin = min(tiles_total, split * tiles_per_split);
+  const int ntiles = min(tiles_total, tile_begin + tiles_per_split) - tile_begin;
+  const int tok_begin = tile_begin * BN;
+  const int tok_end = min(seq.len, tok_begin + ntiles * BN);
+  const uint8_t* kv = p.kv + seq.kv_begin * p.kv_stride_token;
+  const float kv_scale = *p.kv_scale;
+  const float s_scale = kv_scale * p.sm_scale * 1.4426950408889634f;  // log2 domain
+
+  // Q as f16 A fragments for this warp's 144 dims. The k order inside each 16-dim chunk
+  // is permuted to match how K arrives (4 consecutive fp8 per lane, see below):
+  // logical k 2t,2t+1 <- dims 4t,4t+1 and logical k 2t+8,2t+9 <- dims 4t+2,4t+3.
+  uint32_t qf[T::kQkChunksPerWarp][4];
+  {
+    const uint16_t* q = p.q + seq.q_row * p.q_stride_token;
+#pragma unroll
+    for (int c = 0; c < T::kQkChunksPerWarp; ++c) {
+      const int d = (warp * T::kQkChunksPerWarp + c) * 16 + 4 * t;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const uint2 v = *reinterpret_cast<const uint2*>(q + (g + 8 * r) * p.q_stride_head + d);
+        qf[c][r] = pack_f16x2(bf16_lo(v.x), bf16_hi(v.x));
+        qf[c][r + 2] = pack_f16x2(bf16_lo(v.y), bf16_hi(v.y));
+      }
+    }
+  }
+
+  auto issue_tile = [&](int tile, int stage) {
+    const int tok0 = tok_begin + tile * BN;
+    const uint32_t dst = smem_kv + stage * T::kStageBytes;
+#pragma unroll
+    for (int i = 0; i < T::kCopiesPerThread; ++i) {
+      const int idx = threadIdx.x + i * T::kThreads;
+      const int row = idx / T::kChunksPerRow, col = idx % T::kChunksPerRow;
+      const bool ok = tok0 + row < tok_end;
+      const uint8_t* src = kv + static_cast<int64_t>(ok ? tok0 + row : tok_begin) * p.kv_stride_token + col * 16;
+      cp_async_16(dst + row * T::kRowBytes + col * 16, src, ok);
+    }
+  };
+
+  float o[4][4][4];  // [32-dim group][n8 tile j][fragment]; see write_out for the dim map
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[i][j][e] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // rows g and g+8
+
+#pragma unroll
+  for (int s = 0; s < ST - 1; ++s) {
+    if (s < ntiles) issue_tile(s, s);
+    cp_async_commit();
+  }
+
+  for (int it = 0; it < ntiles; ++it) {
+    cp_async_wait<ST - 2>();
+    __syncthreads();  // tile `it` landed for all; every warp is done with tile it-1
+    if (it + ST - 1 < ntiles) issue_tile(it + ST - 1, (it + ST - 1) % ST);
+    cp_async_commit();
+    const uint32_t stage = smem_kv + (it % ST) * T::kStageBytes;
+
+    // ---- S partial over this warp's dims: B[k][n] = K[token n][dim k] -------------------
+    float s[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+    for (int c = 0; c < T::kQkChunksPerWarp; ++c) {
+      const int kbyte = (warp * T::kQkChunksPerWarp + c) * 16;
+#pragma unroll
+      for (int jj = 0; jj < NT / 4; ++jj) {
+        uint32_t r[4];  // r[i] = K[token 8(4jj+i)+g][kbyte + 4t .. +3]
+        ldmatrix_x4(r, stage + (jj * 32 + lane) * T::kRowBytes + kbyte);
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          mma_f16_16816(s[jj * 4 + i], qf[c], e4m3x2_lo_to_f16x2(r[i]), e4m3x2_hi_to_f16x2(r[i]));
+      }
+    }
+
+    // ---- sum the 4 warps' partials: same fragment layout in every warp ------------------
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+      red[(warp * NT + j) * 32 + lane] = make_float4(s[j][0], s[j][1], s[j][2], s[j][3]);
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      float4 a = red[j * 32 + lane];
+#pragma unroll
+      for (int w = 1; w < T::kWarps; ++w) {
+        const float4 v = red[(w * NT + j) * 32 + lane];
+        a.x += v.x; a.y += v.y; a.z += v.z; a.w += v.w;
+      }
+      s[j][0] = a.x; s[j][1] = a.y; s[j][2] = a.z; s[j][3] = a.w;
+    }
+
+    // ---- online softmax (log2 domain); columns past the sequence end are masked ---------
+    const int valid = tok_end - (tok_begin + it * BN);
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = 8 * j + 2 * t + (e & 1);
+        const float v = col < valid ? s[j][e] * s_scale : -INFINITY;
+        s[j][e] = v;
+        mx[e >> 1] = fmaxf(mx[e >> 1], v);
+      }
+    float alpha[2], lsum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor(mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor(mx[r], 2));
+      const float m_new = fmaxf(m[r], mx[r]);  // finite: every tile has a valid column
+      alpha[r] = fast_exp2(m[r] - m_new);
+      m[r] = m_new;
+    }
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[j][e] = fast_exp2(s[j][e] - m[e >> 1]);
+        lsum[e >> 1] += s[j][e];
+      }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + lsum[r];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        o[i][j][0] *= alpha[0]; o[i][j][1] *= alpha[0];
+        o[i][j][2] *= alpha[1]; o[i][j][3] *= alpha[1];
+      }
+
+    // ---- O += P V over this warp's 128 dims -----------------------------------------------
+    // P: the S accumulators of n8 tiles 2kc, 2kc+1 are the A fragment of k-chunk kc.
+    // V: B[k = token][n = dim]. Lane (g,t) loads 4 bytes (dims 4g..4g+3 of a 32-dim group)
+    // of tokens 2t, 2t+1, 2t+8, 2t+9 and byte-transposes them; n8 tile j then maps its
+    // column g to dim 4g+j of the group.
+#pragma unroll
+    for (int kc = 0; kc < BN / 16; ++kc) {
+      const uint32_t a[4] = {pack_f16x2(s[2 * kc][0], s[2 * kc][1]), pack_f16x2(s[2 * kc][2], s[2 * kc][3]),
+                             pack_f16x2(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                             pack_f16x2(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+      const uint32_t row0 = stage + (16 * kc + 2 * t) * T::kRowBytes + warp * T::kVDimsPerWarp + 4 * g;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t w0 = lds32(row0 + i * 32), w1 = lds32(row0 + T::kRowBytes + i * 32);
+        const uint32_t w2 = lds32(row0 + 8 * T::kRowBytes + i * 32), w3 = lds32(row0 + 9 * T::kRowBytes + i * 32);
+        const uint32_t lo01 = prmt(w0, w1, 0x5140), hi01 = prmt(w0, w1, 0x7362);
+        const uint32_t lo23 = prmt(w2, w3, 0x5140), hi23 = prmt(w2, w3, 0x7362);
+        mma_f16_16816(o[i][0], a, e4m3x2_lo_to_f16x2(lo01), e4m3x2_lo_to_f16x2(lo23));
+        mma_f16_16816(o[i][1], a, e4m3x2_hi_to_f16x2(lo01), e4m3x2_hi_to_f16x2(lo23));
+        mma_f16_16816(o[i][2], a, e4m3x2_lo_to_f16x2(hi01), e4m3x2_lo_to_f16x2(hi23));
+        mma_f16_16816(o[i][3], a, e4m3x2_hi_to_f16x2(hi01), e4m3x2_hi_to_f16x2(hi23));
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor(l[r], 1);
+    l[r] += __shfl_xor(l[r], 2);
+  }
+
+  // Lane (g,t) holds, for rows g and g+8 and 32-dim group i, the 8 consecutive dims
+  // warp*128 + 32i + 8t .. +7:  o[i][0..3][0], o[i][0..3][1]  (row g; [2],[3] for g+8).
+  if (splits == 1) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float inv = seq.bad ? __int_as_float(0x7fc00000) : (l[r] > 0.f ? kv_scale / l[r] : 0.f);
+      uint16_t* out = p.out + seq.q_row * p.out_stride_token + (g + 8 * r) * p.out_stride_head;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int d = warp * T::kVDimsPerWarp + 32 * i + 8 * t;
+        uint4 v;
+        v.x = pack_bf16x2(o[i][0][2 * r] * inv, o[i][1][2 * r] * inv);
+        v.y = pack_bf16x2(o[i][2][2 * r] * inv, o[i][3][2 * r] * inv);
+        v.z = pack_bf16x2(o[i][0][2 * r + 1] * inv, o[i][1][2 * r + 1] * inv);
+        v.w = pack_bf16x2(o[i][2][2 * r + 1] * inv, o[i][3][2 * r + 1] * inv);
+        *reinterpret_cast<uint4*>(out + d) = v;
+      }
+    }
+  } else {
+    const int64_t slot = static_cast<int64_t>(b) * splits + split;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float* po = p.part_o + (slot * kHeads + g + 8 * r) * kVDim;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int d = warp * T::kVDimsPerWarp + 32 * i + 8 * t;
+        *reinterpret_cast<float4*>(po + d) = make_float4(o[i][0][2 * r], o[i][1][2 * r], o[i][2][2 * r], o[i][3][2 * r]);
+        *reinterpret_cast<float4*>(po + d + 4) =
+            make_float4(o[i][0][2 * r + 1], o[i][1][2 * r + 1], o[i][2][2 * r + 1], o[i][3][2 * r + 1]);
+      }
+      if (warp == 0 && t == 0)
+        p.part_ml[slot * kHeads + g + 8 * r] = make_float2(m[r], seq.bad ? __int_as_float(0x7fc00000) : l[r]);
+    }
+  }
+}
+
+// Merges the splits of one (sequence, head): out = sum_s w_s O_s / sum_s w_s l_s with
+// w_s = 2^(m_s - max m). 128 threads x 4 dims; grid = batch * 16.
+template <class Shape>
+__global__ void __launch_bounds__(128) mla_combine_kernel(const Params p) {
+  const int b = blockIdx.x / kHeads, h = blockIdx.x % kHeads;
+  const int splits = Shape::splits(p);
+  const int64_t slot0 = static_cast<int64_t>(b) * splits;
+  const int q_row = Shape::q_row(p, b);
+  float mmax = -INFINITY;
+  for (int s = 0; s < splits; ++s) mmax = fmaxf(mmax, p.part_ml[(slot0 + s) * kHeads + h].x);
+  float lsum = 0.f;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (mmax != -INFINITY) {
+    for (int s = 0; s < splits; ++s) {
+      const float2 ml = p.part_ml[(slot0 + s) * kHeads + h];
+      const float w = sm90::fast_exp2(ml.x - mmax);
+      lsum += w * ml.y;
+      const float4 v = reinterpret_cast<const float4*>(p.part_o + ((slot0 + s) * kHeads + h) * kVDim)[threadIdx.x];
+      acc.x += w * v.x; acc.y += w * v.y; acc.z += w * v.z; acc.w += w * v.w;
+    }
+  }
+  const float inv = lsum != lsum ? lsum : (lsum > 0.f ? *p.kv_scale / lsum : 0.f);  // NaN stays NaN
+  uint2 v;
+  v.x = pack_bf16x2(acc.x * inv, acc.y * inv);
+  v.y = pack_bf16x2(acc.z * inv, acc.w * inv);
+  *reinterpret_cast<uint2*>(p.out + q_row * p.out_stride_token + h * p.out_stride_head + 4 * threadIdx.x) = v;
+}
+
+#endif  // MLAGEN_NVIDIA
+
+}  // namespace mlagen::device

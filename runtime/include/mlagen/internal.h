@@ -1,0 +1,44 @@
+// Runtime internals shared by the dispatcher (runtime/src) and the generated launchers.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include "mlagen/mlagen.h"
+
+namespace mlagen {
+
+using LaunchFn = mlagen_status (*)(const mlagen_problem* p, int32_t splits);
+
+// One row of the generated registry (generated/registry.inc).
+struct KernelEntry {
+  const char* arch;
+  int32_t batch, kv_len, splits;  // 0 = any (the generic kernel)
+  int32_t q_dtype, kv_dtype;      // mlagen_dtype
+  int32_t num_heads, q_len;
+  int32_t block_n, stages;
+  LaunchFn fn;
+  const char* name;
+};
+
+// Device workspace: [0, 256) error word and reserved; then split maxima/sums; then split outputs.
+struct WorkspaceLayout {
+  size_t ml_offset, o_offset, bytes;
+};
+inline WorkspaceLayout workspace_layout(int64_t batch, int64_t splits, int64_t heads = 16, int64_t v_dim = 512) {
+  auto align = [](size_t x) { return (x + 255) / 256 * 256; };
+  WorkspaceLayout w{};
+  w.ml_offset = 256;
+  const size_t ml_bytes = splits > 1 ? static_cast<size_t>(batch * splits * heads) * 8 : 0;
+  w.o_offset = align(w.ml_offset + ml_bytes);
+  const size_t o_bytes = splits > 1 ? static_cast<size_t>(batch * splits * heads * v_dim) * 4 : 0;
+  w.bytes = w.o_offset + o_bytes;
+  return w;
+}
+
+// Sets the calling thread's error message; returns `status` for `return fail(...)`.
+mlagen_status fail(mlagen_status status, const char* fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+}  // namespace mlagen

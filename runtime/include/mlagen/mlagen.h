@@ -1,0 +1,113 @@
+/* mlagen C ABI: MLA decode attention (DeepSeek absorbed form) over generated kernels.
+ *
+ * Plain C: raw pointers, element strides, a stream. No framework types cross this line.
+ * One call: fill an mlagen_problem, call mlagen_decode(). Every function returns an
+ * mlagen_status; on error mlagen_last_error() (thread-local) says what and why, naming the
+ * field and the value it expected.
+ */
+#ifndef MLAGEN_H
+#define MLAGEN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define MLAGEN_API __attribute__((visibility("default")))
+#else
+#define MLAGEN_API
+#endif
+
+#define MLAGEN_ABI_VERSION 1
+
+typedef enum {
+  MLAGEN_OK = 0,
+  MLAGEN_ERR_INVALID = 1,      /* a field is wrong: null pointer, size, stride, dtype */
+  MLAGEN_ERR_UNSUPPORTED = 2,  /* valid request this build has no kernel for (prints the key) */
+  MLAGEN_ERR_WORKSPACE = 3,    /* workspace missing or smaller than mlagen_workspace_bytes() */
+  MLAGEN_ERR_DEVICE = 4,       /* the GPU runtime reported an error (launch, attribute, arch) */
+  MLAGEN_ERR_INPUT_DATA = 5    /* found on the device: indptr contents disagree with the sizes */
+} mlagen_status;
+
+typedef enum {
+  MLAGEN_DTYPE_BF16 = 1,
+  MLAGEN_DTYPE_FP8E4M3FN = 2,   /* OCP e4m3 (NVIDIA, gfx950), max 448 */
+  MLAGEN_DTYPE_FP8E4M3FNUZ = 3, /* gfx942 e4m3 fnuz, max 240 */
+  MLAGEN_DTYPE_MXFP4 = 4,       /* fp4x2 E2M1 data + E8M0 scale per 32 values */
+  MLAGEN_DTYPE_FP8 = 5          /* q only: the arch's fp8 flavour */
+} mlagen_dtype;
+
+/* Device-side input check results, OR-ed into the workspace's error word. */
+#define MLAGEN_DEVERR_KV_INDPTR 1u  /* kv_indptr not monotonic / outside total_kv / not the uniform kv_len */
+#define MLAGEN_DEVERR_QO_INDPTR 2u  /* qo_indptr[b+1]-qo_indptr[b] != q_len or outside total_q */
+
+typedef struct {
+  int32_t abi_version;       /* MLAGEN_ABI_VERSION */
+  int32_t batch;             /* sequences */
+  int32_t num_heads;         /* query heads: 16 */
+  int32_t num_kv_heads;      /* 1 (MQA over the latent) */
+  int32_t q_len;             /* queries per sequence: 1 */
+  int32_t qk_dim;            /* 576 */
+  int32_t v_dim;             /* 512 */
+  int32_t kv_len;            /* every sequence's kv length when all are equal, else 0 */
+  int64_t total_q;           /* rows of q and out */
+  int64_t total_kv;          /* rows of kv */
+  int32_t q_dtype;           /* mlagen_dtype */
+  int32_t kv_dtype;          /* mlagen_dtype */
+  float sm_scale;            /* softmax scale, 1/sqrt(576) */
+  int32_t splits;            /* 0: the kernel's / runtime's choice; > 0: force (generic kernel) */
+  int32_t force_generic;     /* nonzero: skip the specialized table */
+  const void* q;             /* [total_q, num_heads, qk_dim], dims contiguous */
+  int64_t q_stride_token;    /* elements */
+  int64_t q_stride_head;     /* elements */
+  const void* kv;            /* [total_kv, qk_dim] bytes for fp8, dims contiguous */
+  int64_t kv_stride_token;   /* elements */
+  const float* kv_scale;     /* device pointer, one float32 (per-tensor dequant scale) */
+  const int32_t* qo_indptr;  /* device, batch+1 */
+  const int32_t* kv_indptr;  /* device, batch+1 */
+  void* out;                 /* [total_q, num_heads, v_dim] bf16 */
+  int64_t out_stride_token;  /* elements */
+  int64_t out_stride_head;   /* elements */
+  void* workspace;           /* device, >= mlagen_workspace_bytes(); zeroed once when allocated */
+  size_t workspace_bytes;
+  void* stream;              /* cudaStream_t / hipStream_t; NULL = default stream */
+} mlagen_problem;
+
+typedef struct {
+  const char* name;   /* the kernel's spec name, e.g. mla_decode_sm90a_b32_kv8192_s8_qbf16_kvfp8e4m3fn */
+  int32_t generic;    /* 1 when the runtime-shaped kernel serves the request */
+  int32_t splits;     /* KV splits it runs with */
+  int32_t block_n;    /* KV tokens per tile */
+  int32_t stages;     /* pipeline depth */
+  int32_t batch, kv_len, q_dtype, kv_dtype; /* the kernel's key (0 = any) */
+} mlagen_kernel_info;
+
+/* Validate and choose a kernel; no device work, usable without a GPU. */
+MLAGEN_API mlagen_status mlagen_select(const mlagen_problem* p, mlagen_kernel_info* chosen);
+/* Bytes of device workspace the chosen kernel needs (0 on invalid input). */
+MLAGEN_API size_t mlagen_workspace_bytes(const mlagen_problem* p);
+/* Validate, choose, launch on p->stream. Asynchronous: no host-device synchronization. */
+MLAGEN_API mlagen_status mlagen_decode(const mlagen_problem* p, mlagen_kernel_info* ran /* may be NULL */);
+/* Same with the per-call pointers passed apart from a prepared problem (cheap to call). */
+MLAGEN_API mlagen_status mlagen_decode_ptrs(const mlagen_problem* p, const void* q, const void* kv,
+                                 const float* kv_scale, const int32_t* qo_indptr,
+                                 const int32_t* kv_indptr, void* out, void* stream);
+/* Read and clear the device-side error word in a workspace (synchronizes the stream). */
+MLAGEN_API mlagen_status mlagen_take_device_errors(void* workspace, void* stream, uint32_t* errors);
+
+MLAGEN_API const char* mlagen_last_error(void);
+MLAGEN_API const char* mlagen_status_name(mlagen_status s);
+MLAGEN_API int32_t mlagen_num_kernels(void);
+MLAGEN_API mlagen_status mlagen_kernel_at(int32_t i, mlagen_kernel_info* info);
+MLAGEN_API const char* mlagen_fingerprint(void);  /* hash of specs + templates + generator */
+MLAGEN_API const char* mlagen_build_archs(void);  /* e.g. "sm90a" */
+/* Checks that the current device is one this library has code for. */
+MLAGEN_API mlagen_status mlagen_check_device(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,35 @@
+// mlagen platform header: the HIP spellings the device code uses, mapped onto CUDA when
+// the NVIDIA compiler builds it. On a ROCm/clang HIP build they are HIP's own.
+#pragma once
+
+#if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__) && !defined(__CUDACC__)
+  #define MLAGEN_AMD 1
+  #if !defined(MLAGEN_NO_HIP_RUNTIME_HEADERS)
+    #include <hip/hip_runtime.h>
+  #endif
+  #define MLAGEN_WARP_SIZE 64
+#elif defined(__CUDACC__)
+  #define MLAGEN_NVIDIA 1
+  #include <cuda_runtime.h>
+  #include <cstdint>
+  #define MLAGEN_WARP_SIZE 32
+  using hipStream_t = cudaStream_t;
+  using hipError_t = cudaError_t;
+  #define hipSuccess cudaSuccess
+  #define hipGetLastError cudaGetLastError
+  #define hipGetErrorString cudaGetErrorString
+  #define hipFuncSetAttribute(f, a, v) cudaFuncSetAttribute(f, a, v)
+  #define hipFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
+  #define hipGetDevice cudaGetDevice
+  #define hipDeviceGetAttribute cudaDeviceGetAttribute
+  #define hipDeviceAttributeMultiprocessorCount cudaDevAttrMultiProcessorCount
+  #define hipDeviceAttributeComputeCapabilityMajor cudaDevAttrComputeCapabilityMajor
+  #define hipDeviceAttributeComputeCapabilityMinor cudaDevAttrComputeCapabilityMinor
+  #define hipLaunchKernelGGL(k, grid, block, smem, stream, ...) k<<<grid, block, smem, stream>>>(__VA_ARGS__)
+  template <class T>
+  __device__ __forceinline__ T __shfl_xor(T v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
+#else
+  #error "mlagen device code needs nvcc (CUDA) or clang/hipcc (HIP)"
+#endif
+
+#define MLAGEN_DEVICE __device__ __forceinline__

@@ -1,0 +1,131 @@
+"""ctypes mirror of runtime/include/mlagen/mlagen.h. No torch here: usable on a CPU machine."""
+from __future__ import annotations
+
+import ctypes
+import os
+
+ABI_VERSION = 1
+OK, ERR_INVALID, ERR_UNSUPPORTED, ERR_WORKSPACE, ERR_DEVICE, ERR_INPUT_DATA = range(6)
+DTYPE = {"bf16": 1, "fp8e4m3fn": 2, "fp8e4m3fnuz": 3, "mxfp4": 4, "fp8": 5}
+DTYPE_NAME = {v: k for k, v in DTYPE.items()}
+DEVERR_KV_INDPTR, DEVERR_QO_INDPTR = 1, 2
+
+_REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+DEFAULT_LIBRARY = os.path.join(_REPO, "build", "sm90a", "libmlagen.so")
+
+
+class Problem(ctypes.Structure):
+    _fields_ = [
+        ("abi_version", ctypes.c_int32), ("batch", ctypes.c_int32), ("num_heads", ctypes.c_int32),
+        ("num_kv_heads", ctypes.c_int32), ("q_len", ctypes.c_int32), ("qk_dim", ctypes.c_int32),
+        ("v_dim", ctypes.c_int32), ("kv_len", ctypes.c_int32), ("total_q", ctypes.c_int64),
+        ("total_kv", ctypes.c_int64), ("q_dtype", ctypes.c_int32), ("kv_dtype", ctypes.c_int32),
+        ("sm_scale", ctypes.c_float), ("splits", ctypes.c_int32), ("force_generic", ctypes.c_int32),
+        ("q", ctypes.c_void_p), ("q_stride_token", ctypes.c_int64), ("q_stride_head", ctypes.c_int64),
+        ("kv", ctypes.c_void_p), ("kv_stride_token", ctypes.c_int64), ("kv_scale", ctypes.c_void_p),
+        ("qo_indptr", ctypes.c_void_p), ("kv_indptr", ctypes.c_void_p), ("out", ctypes.c_void_p),
+        ("out_stride_token", ctypes.c_int64), ("out_stride_head", ctypes.c_int64),
+        ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t), ("stream", ctypes.c_void_p),
+    ]
+
+    @classmethod
+    def make(cls, batch, kv_len, *, total_kv=None, num_heads=16, q_len=1, qk_dim=576, v_dim=512,
+             q_dtype="bf16", kv_dtype="fp8e4m3fn", sm_scale=576 ** -0.5, **fields):
+        """A problem with contiguous default strides and placeholder (non-null, aligned)
+        pointers, for selection and validation on a machine without a GPU."""
+        total_kv = batch * kv_len if total_kv is None else total_kv
+        p = cls(abi_version=ABI_VERSION, batch=batch, num_heads=num_heads, num_kv_heads=1, q_len=q_len,
+                qk_dim=qk_dim, v_dim=v_dim, kv_len=kv_len, total_q=batch * q_len, total_kv=total_kv,
+                q_dtype=DTYPE[q_dtype], kv_dtype=DTYPE[kv_dtype], sm_scale=sm_scale,
+                q=0x1000, q_stride_token=num_heads * qk_dim, q_stride_head=qk_dim,
+                kv=0x2000, kv_stride_token=qk_dim, kv_scale=0x3000, qo_indptr=0x4000, kv_indptr=0x5000,
+                out=0x6000, out_stride_token=num_heads * v_dim, out_stride_head=v_dim)
+        for k, v in fields.items():
+            setattr(p, k, v)
+        return p
+
+
+class KernelInfo(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("generic", ctypes.c_int32), ("splits", ctypes.c_int32),
+                ("block_n", ctypes.c_int32), ("stages", ctypes.c_int32), ("batch", ctypes.c_int32),
+                ("kv_len", ctypes.c_int32), ("q_dtype", ctypes.c_int32), ("kv_dtype", ctypes.c_int32)]
+
+    def as_dict(self) -> dict:
+        return {"name": self.name.decode(), "generic": bool(self.generic), "splits": self.splits,
+                "block_n": self.block_n, "stages": self.stages, "batch": self.batch, "kv_len": self.kv_len,
+                "q_dtype": DTYPE_NAME.get(self.q_dtype), "kv_dtype": DTYPE_NAME.get(self.kv_dtype)}
+
+
+class MlagenError(RuntimeError):
+    def __init__(self, status: int, message: str):
+        self.status = status
+        super().__init__(message)
+
+
+_lib = None
+
+
+def library_path() -> str:
+    return os.environ.get("MLAGEN_LIBRARY") or DEFAULT_LIBRARY
+
+
+def lib(path: str | None = None):
+    """The loaded library (once). Loading touches no GPU."""
+    global _lib
+    if _lib is not None and path is None:
+        return _lib
+    path = path or library_path()
+    if not os.path.exists(path):
+        raise MlagenError(ERR_DEVICE, f"mlagen library not found at {path}: build it with `make` "
+                                      f"or point MLAGEN_LIBRARY at it")
+    L = ctypes.CDLL(path)
+    P, I = ctypes.POINTER(Problem), ctypes.POINTER(KernelInfo)
+    vp = ctypes.c_void_p
+    sig = {
+        "mlagen_select": (ctypes.c_int, [P, I]),
+        "mlagen_workspace_bytes": (ctypes.c_size_t, [P]),
+        "mlagen_decode": (ctypes.c_int, [P, I]),
+        "mlagen_decode_ptrs": (ctypes.c_int, [P, vp, vp, vp, vp, vp, vp, vp]),
+        "mlagen_take_device_errors": (ctypes.c_int, [vp, vp, ctypes.POINTER(ctypes.c_uint32)]),
+        "mlagen_last_error": (ctypes.c_char_p, []),
+        "mlagen_status_name": (ctypes.c_char_p, [ctypes.c_int]),
+        "mlagen_num_kernels": (ctypes.c_int32, []),
+        "mlagen_kernel_at": (ctypes.c_int, [ctypes.c_int32, I]),
+        "mlagen_fingerprint": (ctypes.c_char_p, []),
+        "mlagen_build_archs": (ctypes.c_char_p, []),
+        "mlagen_check_device": (ctypes.c_int, []),
+    }
+    for name, (res, args) in sig.items():
+        f = getattr(L, name)
+        f.restype, f.argtypes = res, args
+    if path == library_path():
+        _lib = L
+    return L
+
+
+def raise_for(status: int, L=None) -> None:
+    if status != OK:
+        L = L or lib()
+        raise MlagenError(status, f"{L.mlagen_status_name(status).decode()}: {L.mlagen_last_error().decode()}")
+
+
+def select(problem: Problem) -> dict:
+    """Which kernel a problem goes to (no GPU needed)."""
+    L = lib()
+    info = KernelInfo()
+    raise_for(L.mlagen_select(ctypes.byref(problem), ctypes.byref(info)), L)
+    return info.as_dict()
+
+
+def kernels() -> list[dict]:
+    L = lib()
+    out = []
+    for i in range(L.mlagen_num_kernels()):
+        info = KernelInfo()
+        raise_for(L.mlagen_kernel_at(i, ctypes.byref(info)), L)
+        out.append(info.as_dict())
+    return out
+
+
+def fingerprint() -> str:
+    return lib().mlagen_fingerprint().decode()

@@ -1,0 +1,281 @@
+// mlagen runtime: input validation, kernel selection over the generated registry, launch.
+// Host-only C++; the CUDA runtime is touched only on the launch / device-query paths, so
+// mlagen_select() and the validation messages work on a machine without a GPU.
+#include <algorithm>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+
+#include "mlagen/internal.h"
+#include "mlagen/platform.h"
+
+#include "registry.inc"  // generated: kKernelTable, MLAGEN_FINGERPRINT
+
+#ifndef MLAGEN_BUILD_ARCH
+#error "MLAGEN_BUILD_ARCH must name the arch this library is built for (CMake sets it)"
+#endif
+
+namespace mlagen {
+
+namespace {
+thread_local char g_error[1024] = "";
+
+// Resident blocks the split heuristic aims for (SMs x blocks per SM); the generator's
+// heuristic (codegen/catalog.py) uses the same numbers.
+int target_blocks(const char* arch) {
+  if (!std::strcmp(arch, "sm90a")) return 132 * 2;
+  if (!std::strcmp(arch, "gfx950")) return 256 * 2;
+  if (!std::strcmp(arch, "gfx942")) return 304 * 2;
+  return 256;
+}
+
+const char* dtype_name(int32_t d) {
+  switch (d) {
+    case MLAGEN_DTYPE_BF16: return "bf16";
+    case MLAGEN_DTYPE_FP8E4M3FN: return "fp8e4m3fn";
+    case MLAGEN_DTYPE_FP8E4M3FNUZ: return "fp8e4m3fnuz";
+    case MLAGEN_DTYPE_MXFP4: return "mxfp4";
+    case MLAGEN_DTYPE_FP8: return "fp8";
+    default: return "unknown";
+  }
+}
+
+size_t num_entries() { return sizeof(kKernelTable) / sizeof(kKernelTable[0]) - 1; }  // minus sentinel
+
+bool aligned(const void* ptr, size_t a) { return reinterpret_cast<uintptr_t>(ptr) % a == 0; }
+
+mlagen_status validate(const mlagen_problem* p) {
+  if (!p) return fail(MLAGEN_ERR_INVALID, "problem: NULL pointer");
+  if (p->abi_version != MLAGEN_ABI_VERSION)
+    return fail(MLAGEN_ERR_INVALID, "abi_version=%d: expected %d (header and library differ)", p->abi_version,
+                MLAGEN_ABI_VERSION);
+#define MLAGEN_EXPECT(cond, ...) \
+  do {                           \
+    if (!(cond)) return fail(MLAGEN_ERR_INVALID, __VA_ARGS__); \
+  } while (0)
+  MLAGEN_EXPECT(p->batch >= 1, "batch=%d: expected >= 1", p->batch);
+  MLAGEN_EXPECT(p->num_heads == 16, "num_heads=%d: expected 16 (DeepSeek MLA at TP8)", p->num_heads);
+  MLAGEN_EXPECT(p->num_kv_heads == 1, "num_kv_heads=%d: expected 1 (MQA over the shared latent)", p->num_kv_heads);
+  MLAGEN_EXPECT(p->q_len == 1, "q_len=%d: expected 1", p->q_len);
+  MLAGEN_EXPECT(p->qk_dim == 576, "qk_dim=%d: expected 576 (512 latent + 64 rope)", p->qk_dim);
+  MLAGEN_EXPECT(p->v_dim == 512, "v_dim=%d: expected 512", p->v_dim);
+  MLAGEN_EXPECT(p->total_q == static_cast<int64_t>(p->batch) * p->q_len,
+                "total_q=%lld: expected batch*q_len = %lld", (long long)p->total_q,
+                (long long)p->batch * p->q_len);
+  MLAGEN_EXPECT(p->total_kv >= 0 && p->total_kv < (int64_t{1} << 31),
+                "total_kv=%lld: expected 0 <= total_kv < 2^31 (kv_indptr is int32)", (long long)p->total_kv);
+  MLAGEN_EXPECT(p->kv_len >= 0, "kv_len=%d: expected >= 0 (0 = lengths differ, read from kv_indptr)", p->kv_len);
+  if (p->kv_len > 0)
+    MLAGEN_EXPECT(p->total_kv == static_cast<int64_t>(p->batch) * p->kv_len,
+                  "total_kv=%lld: expected batch*kv_len = %lld for uniform kv_len=%d", (long long)p->total_kv,
+                  (long long)p->batch * p->kv_len, p->kv_len);
+  MLAGEN_EXPECT(std::isfinite(p->sm_scale) && p->sm_scale > 0.f, "sm_scale=%g: expected a finite value > 0",
+                p->sm_scale);
+  MLAGEN_EXPECT(p->splits >= 0 && p->splits <= 64, "splits=%d: expected 0 (auto) or 1..64", p->splits);
+  MLAGEN_EXPECT(p->q_dtype == MLAGEN_DTYPE_BF16 || p->q_dtype == MLAGEN_DTYPE_FP8,
+                "q_dtype=%d (%s): expected bf16 (%d) or fp8 (%d)", p->q_dtype, dtype_name(p->q_dtype),
+                MLAGEN_DTYPE_BF16, MLAGEN_DTYPE_FP8);
+  MLAGEN_EXPECT(p->kv_dtype >= MLAGEN_DTYPE_BF16 && p->kv_dtype <= MLAGEN_DTYPE_MXFP4,
+                "kv_dtype=%d: expected bf16, fp8e4m3fn, fp8e4m3fnuz or mxfp4", p->kv_dtype);
+  MLAGEN_EXPECT(p->q, "q: NULL pointer");
+  MLAGEN_EXPECT(p->kv || p->total_kv == 0, "kv: NULL pointer");
+  MLAGEN_EXPECT(p->kv_scale, "kv_scale: NULL pointer (a device float32)");
+  MLAGEN_EXPECT(p->qo_indptr, "qo_indptr: NULL pointer");
+  MLAGEN_EXPECT(p->kv_indptr, "kv_indptr: NULL pointer");
+  MLAGEN_EXPECT(p->out, "out: NULL pointer");
+  // Layout: the kernels read q in 8-byte pieces, kv rows and out in 16-byte pieces.
+  MLAGEN_EXPECT(aligned(p->q, 8), "q: address %p not 8-byte aligned", p->q);
+  MLAGEN_EXPECT(p->q_stride_head >= 1 && p->q_stride_head % 4 == 0,
+                "q_stride_head=%lld: expected a positive multiple of 4 elements", (long long)p->q_stride_head);
+  MLAGEN_EXPECT(p->q_stride_token >= 1 && p->q_stride_token % 4 == 0,
+                "q_stride_token=%lld: expected a positive multiple of 4 elements", (long long)p->q_stride_token);
+  MLAGEN_EXPECT(aligned(p->kv, 16), "kv: address %p not 16-byte aligned", p->kv);
+  MLAGEN_EXPECT(p->kv_stride_token >= p->qk_dim && p->kv_stride_token % 16 == 0,
+                "kv_stride_token=%lld: expected a multiple of 16 that is >= 576 (one row per token, dims contiguous)",
+                (long long)p->kv_stride_token);
+  MLAGEN_EXPECT(aligned(p->out, 16), "out: address %p not 16-byte aligned", p->out);
+  MLAGEN_EXPECT(p->out_stride_head >= p->v_dim && p->out_stride_head % 8 == 0,
+                "out_stride_head=%lld: expected a multiple of 8 that is >= 512", (long long)p->out_stride_head);
+  MLAGEN_EXPECT(p->out_stride_token % 8 == 0 &&
+                    (p->out_stride_token >= p->out_stride_head * p->num_heads ||
+                     (p->out_stride_token >= p->v_dim && p->out_stride_head >= p->out_stride_token * p->total_q)),
+                "out_stride_token=%lld: expected a multiple of 8 that keeps rows apart (>= 16*out_stride_head)",
+                (long long)p->out_stride_token);
+#undef MLAGEN_EXPECT
+  return MLAGEN_OK;
+}
+
+const KernelEntry* find_generic(int32_t q_dtype, int32_t kv_dtype) {
+  for (size_t i = 0; i < num_entries(); ++i) {
+    const KernelEntry& e = kKernelTable[i];
+    if (e.batch == 0 && e.q_dtype == q_dtype && e.kv_dtype == kv_dtype && !std::strcmp(e.arch, MLAGEN_BUILD_ARCH))
+      return &e;
+  }
+  return nullptr;
+}
+
+int generic_splits(const mlagen_problem* p) {
+  if (p->splits > 0) return p->splits;
+  const int64_t avg = p->total_kv / p->batch;
+  int s = static_cast<int>(std::lround(static_cast<double>(target_blocks(MLAGEN_BUILD_ARCH)) / p->batch));
+  s = std::max(1, std::min<int>(s, static_cast<int>(std::max<int64_t>(1, avg / 256))));
+  return std::min(s, 64);
+}
+
+// Exact key, else the generic kernel of the dtypes; never a kernel of another key.
+mlagen_status choose(const mlagen_problem* p, const KernelEntry** entry, int* splits) {
+  mlagen_status st = validate(p);
+  if (st != MLAGEN_OK) return st;
+  if (!p->force_generic && p->kv_len > 0) {
+    for (size_t i = 0; i < num_entries(); ++i) {
+      const KernelEntry& e = kKernelTable[i];
+      if (e.batch == p->batch && e.kv_len == p->kv_len && e.q_dtype == p->q_dtype && e.kv_dtype == p->kv_dtype &&
+          e.num_heads == p->num_heads && e.q_len == p->q_len && !std::strcmp(e.arch, MLAGEN_BUILD_ARCH) &&
+          (p->splits == 0 || p->splits == e.splits)) {
+        *entry = &e;
+        *splits = e.splits;
+        return MLAGEN_OK;
+      }
+    }
+  }
+  const KernelEntry* g = find_generic(p->q_dtype, p->kv_dtype);
+  if (!g)
+    return fail(MLAGEN_ERR_UNSUPPORTED,
+                "no kernel for key {arch=%s, batch=%d, kv_len=%d, q_dtype=%s, kv_dtype=%s, num_heads=%d, q_len=%d} "
+                "and no generic kernel for q_dtype=%s kv_dtype=%s in this build (mlagen_num_kernels() lists what is in)",
+                MLAGEN_BUILD_ARCH, p->batch, p->kv_len, dtype_name(p->q_dtype), dtype_name(p->kv_dtype),
+                p->num_heads, p->q_len, dtype_name(p->q_dtype), dtype_name(p->kv_dtype));
+  *entry = g;
+  *splits = generic_splits(p);
+  return MLAGEN_OK;
+}
+
+void fill_info(const KernelEntry& e, int splits, mlagen_kernel_info* info) {
+  if (!info) return;
+  info->name = e.name;
+  info->generic = e.batch == 0;
+  info->splits = splits;
+  info->block_n = e.block_n;
+  info->stages = e.stages;
+  info->batch = e.batch;
+  info->kv_len = e.kv_len;
+  info->q_dtype = e.q_dtype;
+  info->kv_dtype = e.kv_dtype;
+}
+}  // namespace
+
+mlagen_status fail(mlagen_status status, const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(g_error, sizeof(g_error), fmt, ap);
+  va_end(ap);
+  return status;
+}
+
+}  // namespace mlagen
+
+using namespace mlagen;
+
+extern "C" {
+
+const char* mlagen_last_error(void) { return g_error; }
+
+const char* mlagen_status_name(mlagen_status s) {
+  switch (s) {
+    case MLAGEN_OK: return "MLAGEN_OK";
+    case MLAGEN_ERR_INVALID: return "MLAGEN_ERR_INVALID";
+    case MLAGEN_ERR_UNSUPPORTED: return "MLAGEN_ERR_UNSUPPORTED";
+    case MLAGEN_ERR_WORKSPACE: return "MLAGEN_ERR_WORKSPACE";
+    case MLAGEN_ERR_DEVICE: return "MLAGEN_ERR_DEVICE";
+    case MLAGEN_ERR_INPUT_DATA: return "MLAGEN_ERR_INPUT_DATA";
+  }
+  return "MLAGEN_ERR_UNKNOWN";
+}
+
+mlagen_status mlagen_select(const mlagen_problem* p, mlagen_kernel_info* chosen) {
+  const KernelEntry* e = nullptr;
+  int splits = 0;
+  const mlagen_status st = choose(p, &e, &splits);
+  if (st == MLAGEN_OK) fill_info(*e, splits, chosen);
+  return st;
+}
+
+size_t mlagen_workspace_bytes(const mlagen_problem* p) {
+  const KernelEntry* e = nullptr;
+  int splits = 0;
+  if (choose(p, &e, &splits) != MLAGEN_OK) return 0;
+  return workspace_layout(p->batch, splits).bytes;
+}
+
+mlagen_status mlagen_decode(const mlagen_problem* p, mlagen_kernel_info* ran) {
+  const KernelEntry* e = nullptr;
+  int splits = 0;
+  mlagen_status st = choose(p, &e, &splits);
+  if (st != MLAGEN_OK) return st;
+  const size_t need = workspace_layout(p->batch, splits).bytes;
+  if (!p->workspace || p->workspace_bytes < need)
+    return fail(MLAGEN_ERR_WORKSPACE, "workspace: %zu bytes at %p, expected >= %zu bytes (mlagen_workspace_bytes)",
+                p->workspace_bytes, p->workspace, need);
+  if (!aligned(p->workspace, 256)) return fail(MLAGEN_ERR_WORKSPACE, "workspace: expected 256-byte alignment");
+  st = e->fn(p, splits);
+  if (st == MLAGEN_OK) fill_info(*e, splits, ran);
+  return st;
+}
+
+mlagen_status mlagen_decode_ptrs(const mlagen_problem* tmpl, const void* q, const void* kv, const float* kv_scale,
+                                 const int32_t* qo_indptr, const int32_t* kv_indptr, void* out, void* stream) {
+  if (!tmpl) return fail(MLAGEN_ERR_INVALID, "problem: NULL pointer");
+  mlagen_problem p = *tmpl;
+  p.q = q;
+  p.kv = kv;
+  p.kv_scale = kv_scale;
+  p.qo_indptr = qo_indptr;
+  p.kv_indptr = kv_indptr;
+  p.out = out;
+  p.stream = stream;
+  return mlagen_decode(&p, nullptr);
+}
+
+mlagen_status mlagen_take_device_errors(void* workspace, void* stream, uint32_t* errors) {
+  if (!workspace || !errors) return fail(MLAGEN_ERR_INVALID, "workspace/errors: NULL pointer");
+  uint32_t host = 0;
+  auto s = static_cast<cudaStream_t>(stream);
+  cudaError_t e = cudaMemcpyAsync(&host, workspace, sizeof(host), cudaMemcpyDeviceToHost, s);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+  if (e == cudaSuccess) e = cudaMemsetAsync(workspace, 0, sizeof(host), s);
+  if (e != cudaSuccess) return fail(MLAGEN_ERR_DEVICE, "reading the device error word: %s", cudaGetErrorString(e));
+  *errors = host;
+  if (host)
+    return fail(MLAGEN_ERR_INPUT_DATA, "device-side input check failed (0x%x):%s%s", host,
+                (host & MLAGEN_DEVERR_KV_INDPTR) ? " kv_indptr disagrees with total_kv / kv_len;" : "",
+                (host & MLAGEN_DEVERR_QO_INDPTR) ? " qo_indptr is not [0, 1, ..., batch] within total_q;" : "");
+  return MLAGEN_OK;
+}
+
+int32_t mlagen_num_kernels(void) { return static_cast<int32_t>(num_entries()); }
+
+mlagen_status mlagen_kernel_at(int32_t i, mlagen_kernel_info* info) {
+  if (i < 0 || static_cast<size_t>(i) >= num_entries())
+    return fail(MLAGEN_ERR_INVALID, "kernel index %d: expected 0..%d", i, mlagen_num_kernels() - 1);
+  fill_info(kKernelTable[i], kKernelTable[i].splits, info);
+  return MLAGEN_OK;
+}
+
+const char* mlagen_fingerprint(void) { return MLAGEN_FINGERPRINT; }
+const char* mlagen_build_archs(void) { return MLAGEN_BUILD_ARCH; }
+
+mlagen_status mlagen_check_device(void) {
+  int dev = 0, major = 0, minor = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  if (e != cudaSuccess) return fail(MLAGEN_ERR_DEVICE, "no usable GPU: %s", cudaGetErrorString(e));
+  char arch[32];
+  std::snprintf(arch, sizeof(arch), "sm%d%d", major, minor);
+  if (!std::strcmp(MLAGEN_BUILD_ARCH, "sm90a") && major == 9 && minor == 0) return MLAGEN_OK;
+  return fail(MLAGEN_ERR_DEVICE, "this GPU is %s (device %d); this mlagen library was built for %s only: rebuild with "
+              "ARCH=<your arch>", arch, dev, MLAGEN_BUILD_ARCH);
+}
+
+}  // extern "C"
