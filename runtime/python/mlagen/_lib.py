@@ -36,12 +36,14 @@ class Problem(ctypes.Structure):
         total_kv = batch * kv_len if total_kv is None else total_kv
         p = cls(abi_version=ABI_VERSION, batch=batch, num_heads=num_heads, num_kv_heads=1, q_len=q_len,
                 qk_dim=qk_dim, v_dim=v_dim, kv_len=kv_len, total_q=batch * q_len, total_kv=total_kv,
-                q_dtype=DTYPE[q_dtype], kv_dtype=DTYPE[kv_dtype], sm_scale=sm_scale,
+                q_dtype=DTYPE.get(q_dtype, q_dtype), kv_dtype=DTYPE.get(kv_dtype, kv_dtype), sm_scale=sm_scale,
                 q=0x1000, q_stride_token=num_heads * qk_dim, q_stride_head=qk_dim,
                 kv=0x2000, kv_stride_token=qk_dim, kv_scale=0x3000, qo_indptr=0x4000, kv_indptr=0x5000,
                 out=0x6000, out_stride_token=num_heads * v_dim, out_stride_head=v_dim)
         for k, v in fields.items():
             setattr(p, k, v)
+        if "total_q" not in fields:
+            p.total_q = p.batch * p.q_len
         return p
 
 

@@ -1,0 +1,66 @@
+"""Inputs made the task's way and torch references (float32 / float64) for MLA decode."""
+import math
+
+import torch
+
+QK, DV, HEADS = 576, 512, 16
+SM_SCALE = 1.0 / math.sqrt(QK)
+FP8_MAX = 448.0
+
+
+def quantize_fp8(kv_bf16):
+    """Per-tensor dynamic quantization, the task's recipe: scale = amax / 448."""
+    scale = kv_bf16.abs().amax().float() / FP8_MAX
+    fp8 = (kv_bf16.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return fp8, scale.reshape(1).to(torch.float32)
+
+
+def make_inputs(kv_lens, seed, device="cuda", uniform_config=True):
+    """q (B,16,576) bf16, kv (sum kv_lens,1,576) bf16 + fp8, indptrs, the leaderboard config."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    batch = len(kv_lens)
+    q = torch.randn((batch, HEADS, QK), generator=g, device=device, dtype=torch.float32).to(torch.bfloat16)
+    total = int(sum(kv_lens))
+    kv = torch.randn((max(total, 1), 1, QK), generator=g, device=device, dtype=torch.float32).to(torch.bfloat16)
+    kv = kv[:total]
+    fp8, scale = quantize_fp8(kv) if total else (kv.to(torch.float8_e4m3fn), torch.ones(1, device=device))
+    kv_indptr = torch.zeros(batch + 1, dtype=torch.int32, device=device)
+    kv_indptr[1:] = torch.tensor(kv_lens, device=device).cumsum(0)
+    qo_indptr = torch.arange(batch + 1, dtype=torch.int32, device=device)
+    uniform = len(set(kv_lens)) == 1
+    config = dict(batch_size=batch, num_heads=HEADS, num_kv_heads=1, qk_head_dim=QK, kv_lora_rank=512,
+                  qk_rope_head_dim=64, v_head_dim=DV, q_seq_len=1, sm_scale=SM_SCALE,
+                  kv_seq_len=kv_lens[0] if (uniform and uniform_config) else None)
+    return dict(q=q, kv_bf16=kv, kv_fp8=fp8, kv_scale=scale, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
+                config=config, kv_lens=list(kv_lens))
+
+
+def attention(q, kv, kv_lens, dtype, sm_scale=SM_SCALE):
+    """softmax(q K^T * sm_scale) V per sequence in `dtype`; kv (total,1,576) any float dtype.
+    A zero-length sequence gives zeros (the kernels' convention)."""
+    batch = q.shape[0]
+    out = torch.zeros((batch, HEADS, DV), dtype=dtype, device=q.device)
+    qf = q.to(dtype)
+    kvf = kv.reshape(-1, QK).to(dtype)
+    if len(set(kv_lens)) == 1 and kv_lens[0] > 0:  # batched
+        L = kv_lens[0]
+        k = kvf.reshape(batch, L, QK)
+        s = torch.einsum("bhd,bld->bhl", qf, k) * sm_scale
+        return torch.einsum("bhl,bld->bhd", torch.softmax(s, dim=-1), k[..., :DV])
+    start = 0
+    for b, n in enumerate(kv_lens):
+        if n:
+            k = kvf[start:start + n]
+            p = torch.softmax((qf[b] @ k.T) * sm_scale, dim=-1)
+            out[b] = p @ k[:, :DV]
+        start += n
+    return out
+
+
+def dequant_fp8(fp8, scale):
+    return fp8.float() * scale.float()
+
+
+def rel_l2(out, ref):
+    out, ref = out.double(), ref.double()
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()

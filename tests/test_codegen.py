@@ -1,0 +1,154 @@
+"""CPU tests of the generator: names, catalog, determinism, staleness check."""
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from codegen import catalog, generate
+from codegen.spec import ANY, KernelSpec, SpecError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_name_round_trip_catalog():
+    for s in catalog.build_catalog():
+        assert KernelSpec.parse(s.name) == s
+        assert s.filename == s.name + ".hip"
+
+
+@pytest.mark.parametrize("spec", [
+    KernelSpec("sm90a", 32, 8192, 8),
+    KernelSpec("sm90a", ANY, ANY, ANY),
+    KernelSpec("sm90a", 48, 2048, 3, block_n=64, stages=3),
+    KernelSpec("gfx950", 4, 1024, 4, q_dtype="fp8", kv_dtype="mxfp4"),
+    KernelSpec("gfx942", 4, 1024, 4, kv_dtype="fp8e4m3fnuz"),
+], ids=lambda s: s.name)
+def test_name_round_trip_fields(spec):
+    assert KernelSpec.parse(spec.name) == spec
+
+
+def test_name_example_from_the_issue():
+    s = KernelSpec.parse("mla_decode_sm90a_b32_kv8192_s8_qbf16_kvfp8e4m3fn")
+    assert (s.arch, s.batch, s.kv_len, s.splits, s.q_dtype, s.kv_dtype) == ("sm90a", 32, 8192, 8, "bf16", "fp8e4m3fn")
+
+
+@pytest.mark.parametrize("name, msg", [
+    ("mla_decode_sm90a_b32_kv8192_qbf16_kvfp8e4m3fn", "not a kernel name"),
+    ("mla_decode_sm80_b32_kv8192_s8_qbf16_kvfp8e4m3fn", "KernelSpec.arch"),
+    ("mla_decode_sm90a_b32_kv8192_s8_qbf16_kvfp8e4m3fn_bn32", "not canonical"),
+    ("mla_decode_sm90a_b32_kv8192_s8_qbf16_kvfp8e4m3fn_st3_bn64", "out of order"),
+    ("mla_decode_sm90a_b32_kv8192_s8_qbf16_kvfp8e4m3fn_zz3", "unknown tag"),
+    ("mla_decode_sm90a_b32_kvany_s8_qbf16_kvfp8e4m3fn", "all 'any'"),
+    ("mla_decode_sm90a_b32_kv8192_s8_qbf16_kvfp8e4m3fnuz", "KernelSpec.kv_dtype"),
+    ("mla_decode_sm90a_b4_kv64_s8_qbf16_kvfp8e4m3fn", "KernelSpec.splits"),
+])
+def test_bad_names_are_rejected_with_the_field(name, msg):
+    with pytest.raises(SpecError, match=msg):
+        KernelSpec.parse(name)
+
+
+def test_default_catalog_is_the_leaderboard():
+    specs = catalog.build_catalog(include_shapes_file=False)
+    shapes = sorted((s.batch, s.kv_len) for s in specs if not s.generic)
+    assert shapes == sorted(catalog.LEADERBOARD_SHAPES)
+    assert sum(s.generic for s in specs) == 1
+    assert [s.name for s in specs] == sorted(s.name for s in specs)
+
+
+def test_user_shapes_and_shapes_file(tmp_path):
+    specs = catalog.build_catalog(catalog.parse_shapes("48x2048, 4x1024"), include_shapes_file=False)
+    assert any(s.batch == 48 and s.kv_len == 2048 for s in specs)
+    assert len(specs) == 10  # 4x1024 is already a leaderboard shape: no duplicate
+    with pytest.raises(SpecError, match="BATCHxKV_LEN"):
+        catalog.parse_shapes("48by2048")
+    assert catalog.parse_shapes("# c\n8x512\n16x300 # tail\n") == [(8, 512), (16, 300)]
+
+
+def test_duplicate_keys_are_an_error():
+    a = KernelSpec("sm90a", 4, 1024, 4)
+    with pytest.raises(SpecError, match="duplicate"):
+        catalog.check_unique([a, a])
+    with pytest.raises(SpecError, match="same registry key"):
+        catalog.check_unique([a, a.replace(splits=8)])
+
+
+def test_tuning_table_is_read():
+    tuning = {"sm90a": {"qbf16_kvfp8e4m3fn": {"4x1024": {"splits": 2, "block_n": 64, "stages": 3}}}}
+    specs = catalog.build_catalog(tuning=tuning, include_shapes_file=False)
+    s = next(s for s in specs if (s.batch, s.kv_len) == (4, 1024))
+    assert (s.splits, s.block_n, s.stages) == (2, 64, 3)
+
+
+def test_generated_tree_is_fresh():
+    assert generate.check(catalog.build_catalog()) == []
+
+
+def test_generation_is_deterministic(tmp_path):
+    specs = catalog.build_catalog()
+    a, b = tmp_path / "a", tmp_path / "b"
+    generate.write(specs, str(a))
+    generate.write(list(reversed(specs)), str(b))
+    names = sorted(os.listdir(a))
+    assert names == sorted(os.listdir(b))
+    for n in names:
+        assert (a / n).read_bytes() == (b / n).read_bytes(), n
+        assert (a / n).read_bytes() == (open(os.path.join(ROOT, "generated", n), "rb").read()), n
+    assert generate.write(specs, str(a)) == []  # write-if-different: nothing to touch
+
+
+def test_generated_files_carry_banner_and_fingerprint():
+    specs = catalog.build_catalog()
+    fp = generate.fingerprint(specs)
+    for n, content in generate.render(specs).items():
+        if n.endswith((".hip", ".inc", ".cmake")):
+            assert "do not edit" in content.splitlines()[0] and fp in content.splitlines()[0], n
+
+
+def test_check_mode_fails_on_a_stale_tree(tmp_path):
+    stale = tmp_path / "generated"
+    shutil.copytree(os.path.join(ROOT, "generated"), stale)
+    victim = sorted(p for p in os.listdir(stale) if p.endswith(".hip"))[0]
+    (stale / victim).write_text((stale / victim).read_text() + "// hand edit\n")
+    (stale / "mla_decode_sm90a_b1_kv1_s1_qbf16_kvfp8e4m3fn.hip").write_text("// left over\n")
+    os.remove(stale / "registry.inc")
+    r = subprocess.run([sys.executable, "-m", "codegen", "check", "--out", str(stale)], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 1
+    assert f"differs: {victim}" in r.stderr
+    assert "missing: registry.inc" in r.stderr
+    assert "not generated (stale): mla_decode_sm90a_b1_kv1_s1" in r.stderr
+    ok = subprocess.run([sys.executable, "-m", "codegen", "check"], cwd=ROOT, capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_fingerprint_changes_with_templates(tmp_path, monkeypatch):
+    specs = catalog.build_catalog()
+    before = generate.fingerprint(specs)
+    tdir = tmp_path / "templates"
+    shutil.copytree(generate.TEMPLATES, tdir)
+    (tdir / "kernel.hip.j2").write_text((tdir / "kernel.hip.j2").read_text() + "// x\n")
+    monkeypatch.setattr(generate, "TEMPLATES", str(tdir))
+    assert generate.fingerprint(specs) != before
+    assert generate.fingerprint(specs[:-1]) != generate.fingerprint(specs)
+
+
+def test_strict_undefined(tmp_path, monkeypatch):
+    tdir = tmp_path / "templates"
+    shutil.copytree(generate.TEMPLATES, tdir)
+    (tdir / "kernel.hip.j2").write_text("{{ not_a_variable }}\n")
+    monkeypatch.setattr(generate, "TEMPLATES", str(tdir))
+    import jinja2
+    with pytest.raises(jinja2.UndefinedError):
+        generate.render(catalog.build_catalog())
+
+
+def test_cli_list_prints_the_catalog():
+    r = subprocess.run([sys.executable, "-m", "codegen", "list", "--shapes", "48x2048"], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 0
+    assert "mla_decode_sm90a_b48_kv2048_" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "codegen", "list", "--shapes", "48x"], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "BATCHxKV_LEN" in r.stderr

@@ -1,0 +1,180 @@
+"""GPU tests: every generated kernel and the generic kernel against torch references.
+
+Fresh random inputs each test (the seed is in every failure message); the output buffer
+is poisoned with NaN before each call; the dispatched kernel is asserted.
+"""
+import json
+import os
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="GPU tests need torch")
+
+import mlagen  # noqa: E402
+
+from reference import attention, dequant_fp8, make_inputs, rel_l2  # noqa: E402
+from tolerances import TOLERANCES  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.gpu
+GENERIC = "mla_decode_sm90a_bany_kvany_sany_qbf16_kvfp8e4m3fn"
+LEADERBOARD = [(4, 1024), (4, 8192), (32, 1024), (32, 8192), (64, 1024), (64, 8192), (256, 1024), (256, 8192)]
+
+
+def _specs():
+    with open(os.path.join(ROOT, "generated", "manifest.json")) as f:
+        return [k for k in json.load(f)["kernels"] if k["arch"] == "sm90a" and k["batch"]]
+
+
+def fresh_seed():
+    return random.SystemRandom().randrange(1 << 31)
+
+
+def run(inp, **kw):
+    out = torch.full((inp["q"].shape[0], 16, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    res = mlagen.decode(inp["q"], {"fp8": (inp["kv_fp8"], inp["kv_scale"])}, inp["qo_indptr"], inp["kv_indptr"],
+                        inp["config"], out=out, **kw)
+    assert res.data_ptr() == out.data_ptr()
+    torch.cuda.synchronize()
+    return out, mlagen.last_kernel()
+
+
+def check_against_references(inp, out, seed):
+    lens = inp["kv_lens"]
+    assert torch.isfinite(out.float()).all(), f"seed {seed}: non-finite (unwritten?) output"
+    mlagen.check_device_errors()
+    ref32 = attention(inp["q"], dequant_fp8(inp["kv_fp8"], inp["kv_scale"]), lens, torch.float32)
+    e32 = rel_l2(out, ref32)
+    assert e32 <= TOLERANCES[("fp8e4m3fn", "same_inputs")]["rel_l2"], f"seed {seed} lens[:4] {lens[:4]}: rel_l2 {e32:.2e} vs fp32 ref"
+    ref64 = attention(inp["q"], inp["kv_bf16"], lens, torch.float64)
+    e64 = rel_l2(out, ref64)
+    assert e64 <= TOLERANCES[("fp8e4m3fn", "bf16_inputs")]["rel_l2"], f"seed {seed}: rel_l2 {e64:.2e} vs fp64 bf16 ref"
+    for b, n in enumerate(lens):
+        if n == 0:
+            assert (out[b] == 0).all(), f"seed {seed}: empty sequence {b} must give zeros"
+    return e32, e64
+
+
+@pytest.mark.parametrize("spec", _specs(), ids=lambda k: k["name"])
+def test_generated_kernel(spec):
+    seed = fresh_seed()
+    inp = make_inputs([spec["kv_len"]] * spec["batch"], seed)
+    out, ran = run(inp)
+    assert ran["name"] == spec["name"] and ran["splits"] == spec["splits"]
+    e32, e64 = check_against_references(inp, out, seed)
+    print(f"{spec['name']}: rel_l2 vs fp32 {e32:.2e}, vs fp64(bf16 KV) {e64:.2e}")
+
+
+@pytest.mark.parametrize("batch,kv_len", LEADERBOARD, ids=lambda v: str(v))
+def test_generic_kernel_on_leaderboard_shapes(batch, kv_len):
+    seed = fresh_seed()
+    inp = make_inputs([kv_len] * batch, seed)
+    out, ran = run(inp, force_generic=True)
+    assert ran["name"] == GENERIC and ran["generic"]
+    check_against_references(inp, out, seed)
+
+
+def _random_case(i):
+    rng = random.Random(1000 + i)  # the shape list is fixed; the data seed is fresh each run
+    batch = rng.choice([1, 2, 3, 5, 7, 16, 33, 70])
+    if i % 2 == 0:
+        lens = [rng.choice([1, 17, 31, 32, 33, 100, 333, 777, 1023, 2049, 3000])] * batch
+    else:
+        lens = [rng.randrange(0 if i % 4 == 1 else 1, 2500) for _ in range(batch)]
+        if i % 4 == 1:
+            lens[rng.randrange(batch)] = 0
+    splits = 0 if i % 3 else rng.choice([1, 2, 5, 17])
+    return lens, splits
+
+
+@pytest.mark.parametrize("i", range(24))
+def test_random_shapes(i):
+    lens, splits = _random_case(i)
+    seed = fresh_seed()
+    inp = make_inputs(lens, seed)
+    out, ran = run(inp, splits=splits)
+    assert ran["generic"], ran
+    if splits:
+        assert ran["splits"] == splits
+    check_against_references(inp, out, seed)
+
+
+def _exact_inputs(kv_lens, seed):
+    """Small integers: head h attends to exactly 8 tokens of each sequence (its score 0),
+    every other token scores -448*64/24 (exp2 underflows to exactly 0), so the output is
+    the mean of 8 integer V rows: exact in f16, fp32 and bf16."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    inp = make_inputs(kv_lens, seed)
+    batch, total = len(kv_lens), sum(kv_lens)
+    kv = torch.randint(-8, 9, (total, 1, 576), generator=g, device="cuda").float()
+    kv[:, 0, 512:] = 0.0
+    q = torch.randint(-8, 9, (batch, 16, 576), generator=g, device="cuda").float()
+    q[:, :, :512] = 0.0  # scores come from the rope dims only
+    q[:, :, 512:] = 0.0
+    start = 0
+    selected = []
+    for b, n in enumerate(kv_lens):
+        for h in range(16):
+            q[b, h, 512 + h] = 64.0
+            kv[start:start + n, 0, 512 + h] = -448.0
+            pick = torch.randperm(n, generator=g, device="cuda")[:8] + start
+            kv[pick, 0, 512 + h] = 0.0
+            selected.append((b, h, pick))
+        start += n
+    inp["q"] = q.to(torch.bfloat16)
+    inp["kv_bf16"] = kv.to(torch.bfloat16)
+    inp["kv_fp8"] = kv.to(torch.float8_e4m3fn)
+    inp["kv_scale"] = torch.ones(1, device="cuda")
+    expect = torch.empty((batch, 16, 512), device="cuda")
+    for b, h, pick in selected:
+        expect[b, h] = kv[pick, 0, :512].mean(0)
+    return inp, expect.to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("lens,generic", [([1024] * 4, False), ([8192] * 4, False), ([64, 200, 1000], True)],
+                         ids=["b4_kv1024", "b4_kv8192", "nonuniform"])
+def test_small_integers_match_exactly(lens, generic):
+    seed = fresh_seed()
+    inp, expect = _exact_inputs(lens, seed)
+    out, ran = run(inp)
+    assert ran["generic"] == generic
+    assert torch.equal(out, expect), f"seed {seed}: max diff {(out.float() - expect.float()).abs().max().item()}"
+
+
+def test_indptr_disagreeing_with_uniform_config_is_flagged():
+    inp = make_inputs([1024] * 4, fresh_seed())
+    bad = inp["kv_indptr"].clone()
+    bad[2] += 5  # still sums to 4*1024, but sequence 1 and 2 are not 1024 long
+    inp["kv_indptr"] = bad
+    out, ran = run(inp)
+    assert not ran["generic"]
+    assert torch.isnan(out[1].float()).all() and torch.isnan(out[2].float()).all()
+    with pytest.raises(mlagen.MlagenError, match="kv_indptr disagrees"):
+        mlagen.check_device_errors()
+    mlagen.check_device_errors()  # cleared
+
+
+def test_indptr_past_total_kv_is_flagged_by_the_generic_kernel():
+    inp = make_inputs([100, 200, 300], fresh_seed())
+    bad = inp["kv_indptr"].clone()
+    bad[3] = 10_000
+    inp["kv_indptr"] = bad
+    out, _ = run(inp)
+    assert torch.isnan(out[2].float()).all() and torch.isfinite(out[:2].float()).all()
+    with pytest.raises(mlagen.MlagenError, match="kv_indptr"):
+        mlagen.check_device_errors()
+
+
+@pytest.mark.parametrize("mutate,msg", [
+    (lambda d: d.update(q=d["q"].float()), "q: dtype torch.float32: expected torch.bfloat16"),
+    (lambda d: d.update(q=d["q"].repeat(1, 2, 1)), "num_heads"),
+    (lambda d: d.update(kv_fp8=d["kv_fp8"][:, :, :512]), "kv: shape"),
+    (lambda d: d.update(kv_indptr=d["kv_indptr"].long()), "kv_indptr: torch.int64"),
+    (lambda d: d.update(kv_scale=d["kv_scale"].double()), "kv_scale"),
+])
+def test_binding_rejects_bad_tensors(mutate, msg):
+    inp = make_inputs([256] * 2, fresh_seed())
+    mutate(inp)
+    with pytest.raises(mlagen.MlagenError, match=msg):
+        run(inp)

@@ -1,0 +1,135 @@
+"""CPU tests of the runtime through the C ABI: registry, dispatch decisions, error messages.
+They load the built library (no GPU is touched by selection and validation)."""
+import ctypes
+import json
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+from mlagen import _lib  # noqa: E402
+from mlagen._lib import Problem  # noqa: E402
+
+from codegen import catalog  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def L():
+    path = _lib.library_path()
+    if not os.path.exists(path):
+        pytest.fail(f"library not built at {path}: run `make` first")
+    return _lib.lib()
+
+
+def manifest():
+    with open(os.path.join(ROOT, "generated", "manifest.json")) as f:
+        return json.load(f)
+
+
+def test_registry_matches_manifest(L):
+    m = manifest()
+    names = [k["name"] for k in _lib.kernels()]
+    assert names == sorted(k["name"] for k in m["kernels"] if k["arch"] == "sm90a")
+    assert _lib.fingerprint() == m["fingerprint"]
+    assert L.mlagen_build_archs() == b"sm90a"
+
+
+@pytest.mark.parametrize("batch,kv_len", catalog.LEADERBOARD_SHAPES, ids=lambda v: str(v))
+def test_leaderboard_shapes_dispatch_to_their_kernel(L, batch, kv_len):
+    info = _lib.select(Problem.make(batch, kv_len))
+    spec = next(s for s in catalog.build_catalog() if (s.batch, s.kv_len) == (batch, kv_len))
+    assert info["name"] == spec.name and not info["generic"] and info["splits"] == spec.splits
+
+
+@pytest.mark.parametrize("fields", [dict(batch=48, kv_len=2048), dict(batch=4, kv_len=1000),
+                                    dict(batch=4, kv_len=0, total_kv=4 * 1024),
+                                    dict(batch=4, kv_len=1024, force_generic=1),
+                                    dict(batch=4, kv_len=1024, splits=3)])
+def test_other_requests_go_to_the_generic_kernel(L, fields):
+    info = _lib.select(Problem.make(**fields))
+    assert info["generic"] and info["name"] == "mla_decode_sm90a_bany_kvany_sany_qbf16_kvfp8e4m3fn"
+    if fields.get("splits"):
+        assert info["splits"] == fields["splits"]
+    assert 1 <= info["splits"] <= 64
+
+
+def test_generic_split_heuristic_scales_with_batch(L):
+    small = _lib.select(Problem.make(2, 4096, force_generic=1))["splits"]
+    large = _lib.select(Problem.make(512, 4096, force_generic=1))["splits"]
+    short = _lib.select(Problem.make(2, 100, force_generic=1))["splits"]
+    assert small > large == 1 and short == 1
+
+
+def test_workspace_size(L):
+    p = Problem.make(32, 8192)
+    info = _lib.select(p)
+    assert L.mlagen_workspace_bytes(ctypes.byref(p)) >= 32 * info["splits"] * 16 * 512 * 4
+    assert L.mlagen_workspace_bytes(ctypes.byref(Problem.make(256, 8192))) >= 256  # error word only
+    assert L.mlagen_workspace_bytes(ctypes.byref(Problem.make(4, 1024, num_heads=8))) == 0
+
+
+BAD = [
+    (dict(num_heads=32), "num_heads=32: expected 16"),
+    (dict(num_kv_heads=2), "num_kv_heads=2: expected 1"),
+    (dict(q_len=4), "q_len=4: expected 1"),
+    (dict(qk_dim=512), "qk_dim=512: expected 576"),
+    (dict(v_dim=576), "v_dim=576: expected 512"),
+    (dict(batch=0), "batch=0: expected >= 1"),
+    (dict(total_q=5), "total_q=5: expected batch\\*q_len = 4"),
+    (dict(total_kv=4000), "total_kv=4000: expected batch\\*kv_len = 4096"),
+    (dict(sm_scale=float("nan")), "sm_scale=nan"),
+    (dict(splits=65), "splits=65"),
+    (dict(q=None), "q: NULL pointer"),
+    (dict(kv=None), "kv: NULL pointer"),
+    (dict(kv_scale=None), "kv_scale: NULL pointer"),
+    (dict(qo_indptr=None), "qo_indptr: NULL pointer"),
+    (dict(kv_indptr=None), "kv_indptr: NULL pointer"),
+    (dict(out=None), "out: NULL pointer"),
+    (dict(q=0x1002), "q: address .* not 8-byte aligned"),
+    (dict(kv_stride_token=580), "kv_stride_token=580"),
+    (dict(kv_stride_token=512), "kv_stride_token=512"),
+    (dict(out_stride_head=500), "out_stride_head=500"),
+    (dict(out_stride_token=512), "out_stride_token=512"),
+    (dict(q_dtype=9), "q_dtype=9"),
+    (dict(abi_version=7), "abi_version=7: expected 1"),
+]
+
+
+@pytest.mark.parametrize("fields,msg", BAD, ids=[m.split(":")[0] for _, m in BAD])
+def test_invalid_input_names_field_and_expectation(L, fields, msg):
+    p = Problem.make(4, 1024)
+    for k, v in fields.items():
+        setattr(p, k, v)
+    with pytest.raises(_lib.MlagenError, match=msg) as e:
+        _lib.select(p)
+    assert e.value.status == _lib.ERR_INVALID
+    assert "MLAGEN_ERR_INVALID" in str(e.value)
+
+
+def test_unsupported_dtype_prints_the_key(L):
+    with pytest.raises(_lib.MlagenError, match=r"no kernel for key \{arch=sm90a, batch=4, kv_len=1024, "
+                                               r"q_dtype=bf16, kv_dtype=mxfp4") as e:
+        _lib.select(Problem.make(4, 1024, kv_dtype="mxfp4"))
+    assert e.value.status == _lib.ERR_UNSUPPORTED
+
+
+def test_decode_refuses_a_missing_or_small_workspace_before_touching_the_gpu(L):
+    p = Problem.make(32, 8192)
+    st = L.mlagen_decode(ctypes.byref(p), None)
+    assert st == _lib.ERR_WORKSPACE and b"workspace" in L.mlagen_last_error()
+    p.workspace, p.workspace_bytes = 0x10000, 1024
+    st = L.mlagen_decode(ctypes.byref(p), None)
+    assert st == _lib.ERR_WORKSPACE and b"expected >=" in L.mlagen_last_error()
+
+
+def test_null_problem(L):
+    assert L.mlagen_select(None, None) == _lib.ERR_INVALID
+    assert L.mlagen_last_error() == b"problem: NULL pointer"
+    assert L.mlagen_decode_ptrs(None, None, None, None, None, None, None, None) == _lib.ERR_INVALID
+
+
+def test_kernel_at_out_of_range(L):
+    info = _lib.KernelInfo()
+    assert L.mlagen_kernel_at(L.mlagen_num_kernels(), ctypes.byref(info)) == _lib.ERR_INVALID
+    assert b"kernel index" in L.mlagen_last_error()
