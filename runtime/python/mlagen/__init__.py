@@ -38,7 +38,8 @@ def _kv_dtype_name(t) -> str:
 
 
 class _Workspace:
-    """One zeroed device buffer per device; grows, never shrinks."""
+    """One zeroed device buffer per device, shared by every plan on that device (so the
+    device error word has one home); grows, never shrinks."""
     buffers: dict = {}
 
     @classmethod
@@ -46,8 +47,13 @@ class _Workspace:
         torch = _torch()
         buf = cls.buffers.get(device)
         if buf is None or buf.numel() < nbytes:
-            buf = torch.zeros(max(nbytes, 1 << 20), dtype=torch.uint8, device=device)
-            cls.buffers[device] = buf
+            new = torch.zeros(max(nbytes, 1 << 20), dtype=torch.uint8, device=device)
+            if buf is not None:
+                new[:4].copy_(buf[:4])  # keep flagged device errors (stream-ordered)
+                for plan in _plans.values():
+                    if plan.device == device:
+                        plan.set_workspace(new)
+            cls.buffers[device] = buf = new
         return buf
 
 
@@ -58,6 +64,10 @@ class Plan:
         self.problem, self.info, self.workspace, self.device = problem, info, workspace, device
         self._pp = ctypes.byref(problem)
         self._run = lib().mlagen_decode_ptrs
+
+    def set_workspace(self, ws) -> None:
+        self.workspace = ws
+        self.problem.workspace, self.problem.workspace_bytes = ws.data_ptr(), ws.numel()
 
     def run(self, q, kv, kv_scale, qo_indptr, kv_indptr, out, stream) -> None:
         status = self._run(self._pp, q.data_ptr(), kv.data_ptr(), kv_scale.data_ptr(), qo_indptr.data_ptr(),
@@ -137,10 +147,10 @@ def prepare(q, kv, kv_scale, qo_indptr, kv_indptr, config: dict, *, force_generi
     info = KernelInfo()
     raise_for(L.mlagen_select(ctypes.byref(p), ctypes.byref(info)), L)
     nbytes = L.mlagen_workspace_bytes(ctypes.byref(p))
-    ws = _Workspace.get(dev, nbytes)
-    p.workspace, p.workspace_bytes = ws.data_ptr(), ws.numel()
     _check_device_once(dev)
-    return Plan(p, info.as_dict(), ws, dev)
+    plan = Plan(p, info.as_dict(), None, dev)
+    plan.set_workspace(_Workspace.get(dev, nbytes))
+    return plan
 
 
 _checked_devices = set()
