@@ -21,6 +21,9 @@ LEADERBOARD_SHAPES = ((4, 1024), (4, 8192), (32, 1024), (32, 8192),
                       (64, 1024), (64, 8192), (256, 1024), (256, 8192))
 DEFAULT_ARCHS = ("sm90a",)
 DEFAULT_DTYPES = (("bf16", "fp8e4m3fn"),)
+# Tile choices built as generic kernels besides the default, so `make tune` can measure
+# them on any shape without regenerating (block_n, stages).
+TUNING_TILES = ((32, 3), (32, 6), (64, 2), (64, 3))
 
 # Resident blocks the heuristic aims for: SMs x blocks per SM of the default tile.
 _TARGET_BLOCKS = {"sm90a": 132 * 2, "gfx950": 256 * 2, "gfx942": 304 * 2}
@@ -81,6 +84,8 @@ def build_catalog(shapes: Iterable[tuple[int, int]] | None = None,
             raise SpecError(f"arch {arch!r}: expected one of {sorted(ARCHS)}")
         for q_dtype, kv_dtype in dtypes:
             specs.append(KernelSpec(arch, ANY, ANY, ANY, q_dtype, kv_dtype))
+            for block_n, stages in TUNING_TILES:
+                specs.append(KernelSpec(arch, ANY, ANY, ANY, q_dtype, kv_dtype, block_n=block_n, stages=stages))
             for batch, kv_len in sorted(set(all_shapes)):
                 p = params_for(arch, batch, kv_len, q_dtype, kv_dtype, tuning)
                 specs.append(KernelSpec(arch, batch, kv_len, q_dtype=q_dtype, kv_dtype=kv_dtype, **p))

@@ -94,10 +94,20 @@ class KernelSpec:
         return ARCHS[self.arch][1]
 
     @property
+    def role(self) -> int:
+        """0: specialized; 1: the generic kernel; 2: a generic tuning candidate with
+        non-default tiles, reachable by name only (make tune measures them)."""
+        if not self.generic:
+            return 0
+        return 1 if (self.block_n, self.stages) == (DEFAULTS["block_n"], DEFAULTS["stages"]) else 2
+
+    @property
     def key(self) -> tuple:
-        """What the runtime looks a problem up by: everything but the tuning choices."""
+        """What the runtime looks a problem up by: everything but the tuning choices
+        (tuning candidates are told apart by their tiles)."""
+        tiles = (self.block_n, self.stages) if self.role == 2 else ()
         return (self.arch, self.batch, self.kv_len, self.q_dtype, self.kv_dtype,
-                self.num_heads, self.q_len)
+                self.num_heads, self.q_len) + tiles
 
     @property
     def implemented(self) -> bool:

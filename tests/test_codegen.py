@@ -53,14 +53,15 @@ def test_default_catalog_is_the_leaderboard():
     specs = catalog.build_catalog(include_shapes_file=False)
     shapes = sorted((s.batch, s.kv_len) for s in specs if not s.generic)
     assert shapes == sorted(catalog.LEADERBOARD_SHAPES)
-    assert sum(s.generic for s in specs) == 1
+    assert sum(s.role == 1 for s in specs) == 1
+    assert sum(s.role == 2 for s in specs) == len(catalog.TUNING_TILES)
     assert [s.name for s in specs] == sorted(s.name for s in specs)
 
 
 def test_user_shapes_and_shapes_file(tmp_path):
     specs = catalog.build_catalog(catalog.parse_shapes("48x2048, 4x1024"), include_shapes_file=False)
     assert any(s.batch == 48 and s.kv_len == 2048 for s in specs)
-    assert len(specs) == 10  # 4x1024 is already a leaderboard shape: no duplicate
+    assert len(specs) == 10 + len(catalog.TUNING_TILES)  # 4x1024 is already a leaderboard shape: no duplicate
     with pytest.raises(SpecError, match="BATCHxKV_LEN"):
         catalog.parse_shapes("48by2048")
     assert catalog.parse_shapes("# c\n8x512\n16x300 # tail\n") == [(8, 512), (16, 300)]

@@ -75,6 +75,23 @@ def test_generic_kernel_on_leaderboard_shapes(batch, kv_len):
     check_against_references(inp, out, seed)
 
 
+def _candidates():
+    with open(os.path.join(ROOT, "generated", "manifest.json")) as f:
+        return [k["name"] for k in json.load(f)["kernels"]
+                if k["arch"] == "sm90a" and not k["batch"] and (k["block_n"], k["stages"]) != (32, 4)]
+
+
+@pytest.mark.parametrize("name", _candidates())
+@pytest.mark.parametrize("lens,splits", [([2048] * 8, 4), ([1, 64, 65, 1000, 4099, 0], 3), ([300] * 33, 1)],
+                         ids=["uniform", "nonuniform", "single"])
+def test_tuning_candidates(name, lens, splits):
+    seed = fresh_seed()
+    inp = make_inputs(lens, seed)
+    out, ran = run(inp, kernel=name, splits=splits)
+    assert ran["name"] == name and ran["splits"] == splits
+    check_against_references(inp, out, seed)
+
+
 def _random_case(i):
     rng = random.Random(1000 + i)  # the shape list is fixed; the data seed is fresh each run
     batch = rng.choice([1, 2, 3, 5, 7, 16, 33, 70])

@@ -133,3 +133,18 @@ def test_kernel_at_out_of_range(L):
     info = _lib.KernelInfo()
     assert L.mlagen_kernel_at(L.mlagen_num_kernels(), ctypes.byref(info)) == _lib.ERR_INVALID
     assert b"kernel index" in L.mlagen_last_error()
+
+
+def test_kernel_by_name(L):
+    names = {k["name"]: k for k in _lib.kernels()}
+    cand = [n for n, k in names.items() if k["role"] == "candidate"]
+    assert cand, "tuning candidates are built"
+    info = _lib.select(Problem.make(48, 2048, kernel_name=cand[0].encode()))
+    assert info["name"] == cand[0] and info["generic"]
+    spec = "mla_decode_sm90a_b32_kv8192_s8_qbf16_kvfp8e4m3fn"
+    assert _lib.select(Problem.make(32, 8192, kernel_name=spec.encode()))["name"] == spec
+    with pytest.raises(_lib.MlagenError, match="serves batch=32 kv_len=8192 only"):
+        _lib.select(Problem.make(4, 1024, kernel_name=spec.encode()))
+    with pytest.raises(_lib.MlagenError, match="kernel_name=nope: no such kernel") as e:
+        _lib.select(Problem.make(4, 1024, kernel_name=b"nope"))
+    assert e.value.status == _lib.ERR_UNSUPPORTED

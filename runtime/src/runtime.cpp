@@ -109,7 +109,7 @@ mlagen_status validate(const mlagen_problem* p) {
 const KernelEntry* find_generic(int32_t q_dtype, int32_t kv_dtype) {
   for (size_t i = 0; i < num_entries(); ++i) {
     const KernelEntry& e = kKernelTable[i];
-    if (e.batch == 0 && e.q_dtype == q_dtype && e.kv_dtype == kv_dtype && !std::strcmp(e.arch, MLAGEN_BUILD_ARCH))
+    if (e.role == 1 && e.q_dtype == q_dtype && e.kv_dtype == kv_dtype && !std::strcmp(e.arch, MLAGEN_BUILD_ARCH))
       return &e;
   }
   return nullptr;
@@ -127,10 +127,27 @@ int generic_splits(const mlagen_problem* p) {
 mlagen_status choose(const mlagen_problem* p, const KernelEntry** entry, int* splits) {
   mlagen_status st = validate(p);
   if (st != MLAGEN_OK) return st;
+  if (p->kernel_name) {  // an explicit kernel: it must be able to serve this problem
+    for (size_t i = 0; i < num_entries(); ++i) {
+      const KernelEntry& e = kKernelTable[i];
+      if (std::strcmp(e.name, p->kernel_name)) continue;
+      if (e.q_dtype != p->q_dtype || e.kv_dtype != p->kv_dtype)
+        return fail(MLAGEN_ERR_INVALID, "kernel_name=%s: takes q_dtype=%s kv_dtype=%s, the problem has %s/%s", e.name,
+                    dtype_name(e.q_dtype), dtype_name(e.kv_dtype), dtype_name(p->q_dtype), dtype_name(p->kv_dtype));
+      if (e.role == 0 && (e.batch != p->batch || e.kv_len != p->kv_len))
+        return fail(MLAGEN_ERR_INVALID, "kernel_name=%s: serves batch=%d kv_len=%d only, the problem has batch=%d kv_len=%d",
+                    e.name, e.batch, e.kv_len, p->batch, p->kv_len);
+      *entry = &e;
+      *splits = e.role == 0 ? e.splits : generic_splits(p);
+      return MLAGEN_OK;
+    }
+    return fail(MLAGEN_ERR_UNSUPPORTED, "kernel_name=%s: no such kernel in this build (%d kernels; mlagen_kernel_at lists them)",
+                p->kernel_name, static_cast<int>(num_entries()));
+  }
   if (!p->force_generic && p->kv_len > 0) {
     for (size_t i = 0; i < num_entries(); ++i) {
       const KernelEntry& e = kKernelTable[i];
-      if (e.batch == p->batch && e.kv_len == p->kv_len && e.q_dtype == p->q_dtype && e.kv_dtype == p->kv_dtype &&
+      if (e.role == 0 && e.batch == p->batch && e.kv_len == p->kv_len && e.q_dtype == p->q_dtype && e.kv_dtype == p->kv_dtype &&
           e.num_heads == p->num_heads && e.q_len == p->q_len && !std::strcmp(e.arch, MLAGEN_BUILD_ARCH) &&
           (p->splits == 0 || p->splits == e.splits)) {
         *entry = &e;
@@ -162,6 +179,7 @@ void fill_info(const KernelEntry& e, int splits, mlagen_kernel_info* info) {
   info->kv_len = e.kv_len;
   info->q_dtype = e.q_dtype;
   info->kv_dtype = e.kv_dtype;
+  info->role = e.role;
 }
 }  // namespace
 

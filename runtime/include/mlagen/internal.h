@@ -15,6 +15,7 @@ struct KernelEntry {
   int32_t q_dtype, kv_dtype;      // mlagen_dtype
   int32_t num_heads, q_len;
   int32_t block_n, stages;
+  int32_t role;  // 0 specialized, 1 generic, 2 tuning candidate (reachable by name only)
   LaunchFn fn;
   const char* name;
 };

@@ -74,6 +74,7 @@ typedef struct {
   void* workspace;           /* device, >= mlagen_workspace_bytes(); zeroed once when allocated */
   size_t workspace_bytes;
   void* stream;              /* cudaStream_t / hipStream_t; NULL = default stream */
+  const char* kernel_name;   /* NULL: dispatch; else run exactly this kernel (tests, tuning) */
 } mlagen_problem;
 
 typedef struct {
@@ -83,6 +84,7 @@ typedef struct {
   int32_t block_n;    /* KV tokens per tile */
   int32_t stages;     /* pipeline depth */
   int32_t batch, kv_len, q_dtype, kv_dtype; /* the kernel's key (0 = any) */
+  int32_t role;       /* 0 specialized, 1 the generic kernel, 2 a tuning candidate (by name only) */
 } mlagen_kernel_info;
 
 /* Validate and choose a kernel; no device work, usable without a GPU. */

@@ -96,7 +96,8 @@ def _unpack_kv(kv_data, kv_format: str):
     return kv_data
 
 
-def prepare(q, kv, kv_scale, qo_indptr, kv_indptr, config: dict, *, force_generic=False, splits=0) -> Plan:
+def prepare(q, kv, kv_scale, qo_indptr, kv_indptr, config: dict, *, force_generic=False, splits=0,
+            kernel=None) -> Plan:
     torch = _torch()
     dev = q.device
     if dev.type != "cuda":
@@ -140,7 +141,8 @@ def prepare(q, kv, kv_scale, qo_indptr, kv_indptr, config: dict, *, force_generi
                 q=q.data_ptr(), q_stride_token=q.stride(0), q_stride_head=q.stride(1),
                 kv=kv.data_ptr(), kv_stride_token=kv_stride, kv_scale=kv_scale.data_ptr(),
                 qo_indptr=qo_indptr.data_ptr(), kv_indptr=kv_indptr.data_ptr(),
-                out=0x100, out_stride_token=_HEADS * _DV, out_stride_head=_DV)
+                out=0x100, out_stride_token=_HEADS * _DV, out_stride_head=_DV,
+                kernel_name=kernel.encode() if kernel else None)
     if q.shape[1] != p.num_heads:
         raise MlagenError(1, f"q: {q.shape[1]} heads but config num_heads={p.num_heads}")
     L = lib()
@@ -170,21 +172,23 @@ def _stream_of(dev) -> int:
 
 
 def decode(q, kv_data, qo_indptr, kv_indptr, config: dict, *, kv_format: str = "fp8", out=None,
-           force_generic: bool = False, splits: int = 0):
+           force_generic: bool = False, splits: int = 0, kernel: str | None = None):
     """MLA decode: softmax(q K^T * sm_scale) V with K the 576-dim latent rows, V their first 512.
 
     q (total_q, 16, 576) bf16; kv_data = {"fp8": (kv (total_kv, 1, 576) float8_e4m3fn, scale (1,) f32), ...}
     or directly (kv, scale); qo_indptr / kv_indptr (batch+1,) int32; config the leaderboard's dict.
-    Returns (total_q, 16, 512) bf16.
+    Returns (total_q, 16, 512) bf16. force_generic / splits / kernel (a name from kernels())
+    override the dispatch, for tests and tuning.
     """
     torch = _torch()
     kv, kv_scale = _unpack_kv(kv_data, kv_format)
     key = (q.device, tuple(q.shape), q.stride(), tuple(kv.shape), kv.stride(), kv.dtype,
            qo_indptr.numel(), config.get("kv_seq_len"), config.get("sm_scale"), config.get("num_heads"),
-           force_generic, splits)
+           force_generic, splits, kernel)
     plan = _plans.get(key)
     if plan is None:
-        plan = prepare(q, kv, kv_scale, qo_indptr, kv_indptr, config, force_generic=force_generic, splits=splits)
+        plan = prepare(q, kv, kv_scale, qo_indptr, kv_indptr, config, force_generic=force_generic, splits=splits,
+                       kernel=kernel)
         _plans[key] = plan
     if out is None:
         out = torch.empty((q.shape[0], _HEADS, _DV), dtype=torch.bfloat16, device=q.device)

@@ -26,6 +26,7 @@ class Problem(ctypes.Structure):
         ("qo_indptr", ctypes.c_void_p), ("kv_indptr", ctypes.c_void_p), ("out", ctypes.c_void_p),
         ("out_stride_token", ctypes.c_int64), ("out_stride_head", ctypes.c_int64),
         ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t), ("stream", ctypes.c_void_p),
+        ("kernel_name", ctypes.c_char_p),
     ]
 
     @classmethod
@@ -50,12 +51,14 @@ class Problem(ctypes.Structure):
 class KernelInfo(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char_p), ("generic", ctypes.c_int32), ("splits", ctypes.c_int32),
                 ("block_n", ctypes.c_int32), ("stages", ctypes.c_int32), ("batch", ctypes.c_int32),
-                ("kv_len", ctypes.c_int32), ("q_dtype", ctypes.c_int32), ("kv_dtype", ctypes.c_int32)]
+                ("kv_len", ctypes.c_int32), ("q_dtype", ctypes.c_int32), ("kv_dtype", ctypes.c_int32),
+                ("role", ctypes.c_int32)]
 
     def as_dict(self) -> dict:
         return {"name": self.name.decode(), "generic": bool(self.generic), "splits": self.splits,
                 "block_n": self.block_n, "stages": self.stages, "batch": self.batch, "kv_len": self.kv_len,
-                "q_dtype": DTYPE_NAME.get(self.q_dtype), "kv_dtype": DTYPE_NAME.get(self.kv_dtype)}
+                "q_dtype": DTYPE_NAME.get(self.q_dtype), "kv_dtype": DTYPE_NAME.get(self.kv_dtype),
+                "role": ("specialized", "generic", "candidate")[self.role]}
 
 
 class MlagenError(RuntimeError):
