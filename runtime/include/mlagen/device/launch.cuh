@@ -46,7 +46,23 @@ mlagen_status launch_mla_decode(const mlagen_problem* pr, int32_t splits) {
   }
   const auto stream = static_cast<cudaStream_t>(pr->stream);
   kernel<<<dim3(splits, pr->batch), T::kThreads, T::kSmemBytes, stream>>>(p);
-  if (splits > 1) mla_combine_kernel<Shape><<<pr->batch * kHeads, 128, 0, stream>>>(p);
+  if (splits > 1) {
+    // Programmatic dependent launch: the combine grid is launched while the decode grid
+    // still runs and waits on the device (griddepcontrol.wait) for its results, which
+    // hides the launch gap between the two kernels.
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(pr->batch * kHeads);
+    cfg.blockDim = dim3(128);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    const cudaError_t le = cudaLaunchKernelEx(&cfg, &mla_combine_kernel<Shape>, p);
+    if (le != cudaSuccess) return fail(MLAGEN_ERR_DEVICE, "combine launch failed: %s", cudaGetErrorString(le));
+  }
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return fail(MLAGEN_ERR_DEVICE, "kernel launch failed: %s", cudaGetErrorString(e));
   return MLAGEN_OK;

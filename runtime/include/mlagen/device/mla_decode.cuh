@@ -60,6 +60,7 @@ mla_decode_kernel(const Params p) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane >> 2, t = lane & 3;
   const int b = blockIdx.y, split = blockIdx.x;
+  sm90::allow_dependent_launch();  // the combine grid may start now; it waits for our results
   const int splits = Shape::splits(p);
 
   const Sequence seq = Shape::sequence(p, b);
@@ -270,6 +271,7 @@ mla_decode_kernel(const Params p) {
 template <class Shape>
 __global__ void __launch_bounds__(128) mla_combine_kernel(const Params p) {
   const int b = blockIdx.x / kHeads, h = blockIdx.x % kHeads;
+  sm90::wait_for_prior_grid();  // the decode grid's partials are complete and visible
   const int splits = Shape::splits(p);
   const int64_t slot0 = static_cast<int64_t>(b) * splits;
   const int q_row = Shape::q_row(p, b);

@@ -76,4 +76,8 @@ MLAGEN_DEVICE float fast_exp2(float x) {
   return y;
 }
 
+// Programmatic dependent launch (sm_90): a no-op when the launch did not opt in.
+MLAGEN_DEVICE void allow_dependent_launch() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+MLAGEN_DEVICE void wait_for_prior_grid() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
 }  // namespace mlagen::device::sm90

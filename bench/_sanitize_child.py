@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""The program bench/sanitize.py runs under compute-sanitizer (also runnable on its own).
+
+Calls mlagen.decode once per shape (uniform lengths, the specialized kernels) and once on
+a batch of random per-sequence lengths through the generic kernel (config without
+kv_seq_len; a zero-length sequence in the middle and at the end, lengths 1 and 37, which
+are not multiples of 32), synchronizes, and checks that every output is finite (rows of
+zero-length sequences must be finite too; they are expected to be 0 and reported if not).
+With --ref it also checks the relative L2 error against the float32 reference (slow under
+a sanitizer). The last line of stdout is `CHILD_RESULT <json>`.
+Exit status: 0 all good, 3 a check failed, 2 an exception.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+import _common as C  # noqa: E402
+
+
+def run_case(torch, mlagen, inp: dict, args) -> dict:
+    res = dict(batch=inp["batch"], kv_len=inp["kv_len"], uniform=inp["uniform"])
+    if not inp["uniform"]:
+        res["lengths"] = inp["lengths"]
+    out = mlagen.decode(inp["q"], inp["kv_data"], inp["qo_indptr"], inp["kv_indptr"], inp["config"])
+    torch.cuda.synchronize()
+    info = mlagen.last_kernel() or {}
+    res["kernel"] = info.get("name")
+    res["generic"] = info.get("generic")
+    mlagen.check_device_errors()  # raises on device-flagged input errors
+    lengths = torch.tensor(inp["lengths"], device=out.device)
+    finite_rows = torch.isfinite(out.float()).flatten(1).all(dim=1)  # (batch,)
+    nonempty = lengths > 0
+    bad_rows = (~finite_rows).nonzero().flatten().tolist()
+    res["nonfinite_rows"] = bad_rows
+    res["ok"] = not bad_rows
+    if bool((~nonempty).any()):
+        empty_max = float(out[~nonempty].float().abs().nan_to_num(nan=float("inf")).max())
+        res["zero_length_rows_max_abs"] = empty_max
+        res["zero_length_rows_zero"] = empty_max == 0.0
+    if args.ref:
+        ref = C.reference_fp8(inp)
+        err = C.rel_l2(out, ref)
+        res["rel_err"] = err if err != float("inf") else None
+        if not err < args.tol:
+            res["ok"] = False
+            res["ref_failed"] = True
+    return res
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", default=None,
+                   help="uniform BATCHxKV_LEN list (default: the eight benchmark shapes); 'none' for none")
+    p.add_argument("--no-nonuniform", action="store_true", help="skip the non-uniform-length case")
+    p.add_argument("--nonuniform-batch", type=int, default=10, help="sequences in the non-uniform case")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ref", action="store_true", help="also check against the float32 reference")
+    p.add_argument("--tol", type=float, default=2e-2)
+    args = p.parse_args(argv)
+
+    shapes = [] if (args.shapes or "").lower() == "none" else C.parse_shapes(args.shapes)
+    summary = dict(cases=[], ok=True, error=None)
+    status = 0
+    try:
+        import torch
+        C.ensure_mlagen_importable()
+        import mlagen
+        device = torch.device("cuda", torch.cuda.current_device())
+        summary["fingerprint"] = mlagen.fingerprint()
+        cases = [(b, l, None) for b, l in shapes]
+        if not args.no_nonuniform:
+            lengths = C.nonuniform_lengths(args.nonuniform_batch, seed=args.seed)
+            cases.append((len(lengths), None, lengths))
+        for i, (b, l, lengths) in enumerate(cases):
+            name = C.shape_name(b, l) if lengths is None else f"nonuniform{b}"
+            inp = C.make_inputs(b, l, seed=args.seed + 100 + i, device=device, lengths=lengths, keep_bf16=False)
+            try:
+                res = run_case(torch, mlagen, inp, args)
+            except Exception as e:  # noqa: BLE001
+                res = dict(ok=False, error=f"{type(e).__name__}: {e}")
+                traceback.print_exc()
+            res["case"] = name
+            summary["cases"].append(res)
+            print(f"[child] {name}: {'ok' if res.get('ok') else 'FAIL'} kernel={res.get('kernel')} "
+                  f"nonfinite_rows={res.get('nonfinite_rows')} rel_err={res.get('rel_err')} "
+                  f"{res.get('error') or ''}", flush=True)
+            del inp
+            torch.cuda.empty_cache()
+        torch.cuda.synchronize()
+        summary["ok"] = all(c.get("ok") for c in summary["cases"])
+        status = 0 if summary["ok"] else 3
+    except Exception as e:  # noqa: BLE001
+        traceback.print_exc()
+        summary["ok"] = False
+        summary["error"] = f"{type(e).__name__}: {e}"
+        status = 2
+    print("CHILD_RESULT " + json.dumps(C.json_clean(summary)), flush=True)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

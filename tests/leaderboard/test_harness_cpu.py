@@ -1,0 +1,146 @@
+"""CPU tests of the harness (a pure-torch submission, run in its fresh process on the CPU) and
+of a real bundle's import path (unpack, private library file, binding, GPU check message),
+which runs without a GPU as far as loading the library."""
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed: the harness needs it")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+STUB = os.path.join(HERE, "stub")
+LIB = os.path.join(ROOT, "build", "sm90a", "libmlagen.so")
+
+CPU_SUBMISSION = textwrap.dedent('''\
+    #!POPCORN leaderboard amd-mixed-mla
+    #!POPCORN gpu MI355X
+    from task import input_t, output_t
+    import torch
+
+    SCALE = {scale}
+
+    def custom_kernel(data: input_t) -> output_t:
+        q, kv_data, qo_indptr, kv_indptr, config = data
+        kv, s = kv_data["fp8"]
+        b, n = config["batch_size"], config["kv_seq_len"]
+        k = (kv.float() * s).reshape(b, n, 576)
+        p = torch.softmax(q.float().reshape(b, -1, 576) @ k.transpose(1, 2) * config["sm_scale"], -1)
+        return (SCALE * (p @ k[..., :512])).reshape(q.shape[0], 16, 512).to(torch.bfloat16)
+    ''')
+
+
+def _harness(*args):
+    return subprocess.run([sys.executable, "-m", "tests.leaderboard.harness", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture
+def cpu_submission(tmp_path):
+    def make(scale=1.0):
+        path = tmp_path / f"sub_{scale}.py"
+        path.write_text(CPU_SUBMISSION.format(scale=scale))
+        return str(path)
+    return make
+
+
+def test_harness_test_mode_passes_a_correct_submission(cpu_submission, tmp_path):
+    out = tmp_path / "r.json"
+    r = _harness(cpu_submission(), "--device", "cpu", "--shapes", "2x128,3x64", "--no-mxfp4", "--json", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "2 passed, 0 failed" in r.stdout
+    res = json.loads(out.read_text())
+    assert res["ok"] and [(s["batch"], s["kv_len"]) for s in res["shapes"]] == [(2, 128), (3, 64)]
+    assert all(s["passed"] and s["rel_l2"] < 0.06 for s in res["shapes"])
+
+
+def test_harness_fails_a_wrong_submission(cpu_submission):
+    r = _harness(cpu_submission(scale=0.0), "--device", "cpu", "--shapes", "2x128", "--no-mxfp4")
+    assert r.returncode == 1 and "0 passed, 1 failed" in r.stdout, r.stdout + r.stderr
+    r = _harness(cpu_submission(scale=1.5), "--device", "cpu", "--shapes", "2x128", "--no-mxfp4")
+    assert r.returncode == 1, r.stdout + r.stderr
+
+
+def test_harness_benchmark_mode_on_cpu(cpu_submission, tmp_path):
+    out = tmp_path / "b.json"
+    r = _harness(cpu_submission(), "--mode", "benchmark", "--device", "cpu", "--shapes", "2x64,1x32", "--reps", "4",
+                 "--no-mxfp4", "--json", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = json.loads(out.read_text())
+    assert res["ok"] and res["geomean_median_us"] > 0
+    for s in res["shapes"]:
+        assert s["runs"] >= 3 and len(s["times_us"]) == s["runs"] and s["median_us"] > 0
+    assert "geomean of medians" in r.stdout
+
+
+def _lib_or_skip():
+    if not os.path.exists(LIB):
+        pytest.skip(f"no built library at {LIB}: run `make`")
+    return LIB
+
+
+@pytest.fixture(scope="module")
+def bundle_file(tmp_path_factory):
+    lib = _lib_or_skip()
+    L = ctypes.CDLL(lib)
+    L.mlagen_build_archs.restype = ctypes.c_char_p
+    out = str(tmp_path_factory.mktemp("bundle") / "submission.py")
+    subprocess.run([sys.executable, os.path.join(ROOT, "tools", "bundle.py"), "--lib", lib, "--arch",
+                    L.mlagen_build_archs().decode(), "--out", out], check=True, capture_output=True)
+    return out
+
+
+def _import_bundle(path, prelude=""):
+    code = textwrap.dedent(f'''
+        import importlib.util, json, os, stat, sys
+        sys.path.insert(0, {STUB!r})
+        {prelude}
+        spec = importlib.util.spec_from_file_location("submission", {path!r})
+        m = importlib.util.module_from_spec(spec); sys.modules["submission"] = m
+        spec.loader.exec_module(m)
+        import mlagen, torch
+        info = dict(m.MLAGEN_BUNDLE)
+        info["mode"] = oct(os.stat(info["library_path"]).st_mode & 0o777)
+        info["env"] = os.environ["MLAGEN_LIBRARY"]
+        info["binding_origin"] = mlagen.__file__
+        info["fingerprint_live"] = mlagen.fingerprint()
+        q = torch.zeros(2, 16, 576, dtype=torch.bfloat16)
+        kv = torch.zeros(128, 1, 576).to(torch.float8_e4m3fn)
+        ind = torch.tensor([0, 1, 2], dtype=torch.int32)
+        try:
+            m.custom_kernel((q, {{"fp8": (kv, torch.ones(1))}}, ind, ind * 64, {{"batch_size": 2, "kv_seq_len": 64}}))
+        except mlagen.MlagenError as e:
+            info["call_error"] = str(e)
+        print("JSON" + json.dumps(info))
+        ''')
+    env = dict(os.environ, MLAGEN_LIBRARY="/nonexistent/libmlagen.so")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
+                          cwd=os.path.dirname(path))
+
+
+def test_bundle_imports_without_a_gpu(bundle_file):
+    r = _import_bundle(bundle_file)
+    assert r.returncode == 0, r.stdout + r.stderr
+    info = json.loads(r.stdout.split("JSON", 1)[1])
+    assert info["mode"] == "0o600" and info["env"] == info["library_path"]
+    assert info["binding_origin"].startswith("<mlagen bundle ")  # the embedded binding, not the repo's
+    assert info["fingerprint_live"] == info["fingerprint"]
+    assert "expected a CUDA tensor" in info["call_error"]
+    assert not os.path.exists(info["library_path"])  # removed at exit
+
+
+def test_bundle_gpu_check_names_both_archs(bundle_file):
+    """With torch claiming a GPU, the import-time mlagen_check_device() fails here (there is
+    none) and the error names the running GPU and the arch the bundle was built for."""
+    prelude = ("import torch; torch.cuda.is_available = lambda: True; "
+               "torch.cuda.get_device_capability = lambda *a: (8, 0); "
+               "torch.cuda.get_device_name = lambda *a: 'Fake A100'")
+    r = _import_bundle(bundle_file, prelude)
+    assert r.returncode != 0
+    last = r.stderr.strip().splitlines()[-1]
+    assert "MlagenError" in last and "bundle built for sm90a" in last and "Fake A100 (sm80)" in last, r.stderr
