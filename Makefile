@@ -8,7 +8,7 @@ JOBS ?= $(shell nproc)
 export MLAGEN_LIBRARY ?= $(abspath $(BUILD)/libmlagen.so)
 export PYTHONPATH := $(abspath runtime/python):$(abspath .):$(PYTHONPATH)
 
-.PHONY: all generate check-generated list build test test-cpu test-gpu bench sanitize clean
+.PHONY: all generate check-generated list build test test-cpu test-gpu bench sanitize clean bundle leaderboard-test leaderboard-bench
 
 all: build
 
@@ -41,6 +41,18 @@ bench: build
 
 sanitize: build
 	$(PYTHON) bench/sanitize.py
+
+KV_FORMAT ?= fp8
+# dist/submission.py: the one-file leaderboard entry, library embedded (see README)
+bundle: build
+	$(PYTHON) tools/bundle.py --lib $(BUILD)/libmlagen.so --arch $(ARCH) --kv-format $(KV_FORMAT) --out dist/submission.py
+
+# the leaderboard's method on the bundle, in a fresh process (GPU)
+leaderboard-test: bundle
+	$(PYTHON) -m tests.leaderboard.harness dist/submission.py --mode test --json dist/leaderboard-test.json
+
+leaderboard-bench: bundle
+	$(PYTHON) -m tests.leaderboard.harness dist/submission.py --mode benchmark --seed-peer --json dist/leaderboard-bench.json
 
 clean:
 	rm -rf build dist

@@ -67,11 +67,6 @@ _COMPRESSION = @COMPRESSION_R@
 _FINGERPRINT = @FINGERPRINT_R@
 _COMMIT = @COMMIT_R@
 _PACKAGE = @PACKAGE_R@
-# module name -> (is_package, source) of the binding, read from runtime/python/mlagen at bundle time
-_SOURCES = @SOURCES_R@
-_LIB_PAYLOAD = """
-@PAYLOAD@
-"""
 
 
 class _EmbeddedBinding(_importlib_abc.MetaPathFinder, _importlib_abc.Loader):
@@ -204,14 +199,20 @@ def _bootstrap():
     return package, info
 
 
-mlagen, MLAGEN_BUNDLE = _bootstrap()
-del _LIB_PAYLOAD  # unpacked; keep the module small
-_decode = mlagen.decode
-
-
 def custom_kernel(data: input_t) -> output_t:
     q, kv_data, qo_indptr, kv_indptr, config = data
     return _decode(q, kv_data, qo_indptr, kv_indptr, config, kv_format=_KV_FORMAT)
+
+
+# ---- data: the binding's sources and the compressed library; the bootstrap runs at the end
+# module name -> (is_package, source) of the binding, read from runtime/python/mlagen at bundle time
+_SOURCES = @SOURCES_R@
+_LIB_PAYLOAD = """
+@PAYLOAD@
+"""
+
+mlagen, MLAGEN_BUNDLE = _bootstrap()
+_decode = mlagen.decode  # bound once: custom_kernel does one global lookup and one call
 '''
 
 

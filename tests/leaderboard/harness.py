@@ -396,8 +396,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tests.leaderboard.harness", description=__doc__.splitlines()[0])
     ap.add_argument("submission", help="the submission file (e.g. dist/submission.py)")
     ap.add_argument("--mode", choices=("test", "benchmark"), default="test")
-    ap.add_argument("--shapes", action="append",
-                    help="BATCHxKV_LEN[,...] (default: the task's test / benchmark shapes)")
+    ap.add_argument("--shapes", nargs="+", action="extend",
+                    help="BATCHxKV_LEN ... (space or comma separated; default: the task's test / benchmark shapes)")
     ap.add_argument("--seed-peer", action="store_true", help="also time the seed's Triton kernels (benchmark)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--reps", type=int, default=100, help="timed repetitions per shape at most (default 100)")
@@ -424,8 +424,8 @@ def child_argv(args) -> list[str]:
     """The worker's command line: the parsed options, paths made absolute (its cwd is the repo)."""
     out = [os.path.abspath(args.submission), "--mode", args.mode, "--reps", str(args.reps),
            "--max-seconds", repr(args.max_seconds), "--max-rel-l2", repr(args.max_rel_l2), "--device", args.device]
-    for spec in args.shapes or ():
-        out += ["--shapes", spec]
+    if args.shapes:
+        out += ["--shapes", *args.shapes]
     if args.json:
         out += ["--json", os.path.abspath(args.json)]
     out += [flag for flag, on in (("--seed-peer", args.seed_peer), ("--no-mxfp4", args.no_mxfp4),

@@ -10,9 +10,10 @@ shared/leaderboard.md. Only torch is needed; every function runs on CPU or CUDA 
 MXFP4, worked by hand on one block of 32 values (the other 16 are zeros):
 
     x      =  0   .4   .5   1   1.5  2   2.5  3   3.5  4   5   6   7   -7   -1   -.4   0 ... 0
-    amax = 7 = 1.75 * 2^2: float32 bits 0x40E00000. The quantizer adds 0x200000 (half of the
-    2nd mantissa bit) and drops the mantissa: 0x40E00000 + 0x200000 = 0x41000000 = 8.0, so
-    amax rounds up to 8 and e = floor(log2 8) - 2 = 1: scale 2^1, E8M0 byte 127 + 1 = 128.
+    amax = 7 = 1.75 * 2^2: float32 bits 0x40E00000. The quantizer adds 0x200000 (0.25 of the
+    significand) and drops the 23 mantissa bits: 0x40E00000 + 0x200000 = 0x41000000 = 8.0, so
+    amax rounds up to 8 (any significand >= 1.75 rounds up to the next power of two) and
+    e = floor(log2 8) - 2 = 1: scale 2^1, E8M0 byte 127 + 1 = 128.
     (Without the round-up e would be 0 and 7 would saturate to 6.)
     x / 2  =  0   .2   .25  .5  .75  1   1.25 1.5 1.75 2   2.5 3   3.5 -3.5 -.5  -.2   0 ... 0
     nearest E2M1 magnitude {0, .5, 1, 1.5, 2, 3, 4, 6}, ties to the even code:

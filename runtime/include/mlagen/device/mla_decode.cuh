@@ -71,7 +71,7 @@ mla_decode_kernel(const Params p) {
   const int tok_begin = tile_begin * BN;
   const int tok_end = min(seq.len, tok_begin + ntiles * BN);
   const uint8_t* kv = p.kv + seq.kv_begin * p.kv_stride_token;
-  const float kv_scale = *p.kv_scale;
+  const float kv_scale = *p.kv_scale * kFp8DecodeScale;  // per decoded KV unit
   const float s_scale = kv_scale * p.sm_scale * 1.4426950408889634f;  // log2 domain
 
   // Q as f16 A fragments for this warp's 144 dims. The k order inside each 16-dim chunk
@@ -288,7 +288,7 @@ __global__ void __launch_bounds__(128) mla_combine_kernel(const Params p) {
       acc.x += w * v.x; acc.y += w * v.y; acc.z += w * v.z; acc.w += w * v.w;
     }
   }
-  const float inv = lsum != lsum ? lsum : (lsum > 0.f ? *p.kv_scale / lsum : 0.f);  // NaN stays NaN
+  const float inv = lsum != lsum ? lsum : (lsum > 0.f ? *p.kv_scale * sm90::kFp8DecodeScale / lsum : 0.f);  // NaN stays NaN
   uint2 v;
   v.x = pack_bf16x2(acc.x * inv, acc.y * inv);
   v.y = pack_bf16x2(acc.z * inv, acc.w * inv);

@@ -53,7 +53,18 @@ MLAGEN_DEVICE void mma_f16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Two OCP e4m3 values (low byte -> low half) to f16x2. Exact: every e4m3 value is an f16.
+// fp8 e4m3 -> f16x2 decode, two ways (MLAGEN_FP8_DECODE picks; default 0):
+//  0: cvt.rn.f16x2.e4m3x2 (F2FP), one instruction per two values, exact.
+//  1: integer bit moves (SHF/LOP3) on the integer pipe, scaled by 2^-8: e4m3 s.eeee.mmm
+//     becomes f16 s.0eeee.mmm0000000, i.e. the same value times 2^-8 (subnormals too).
+//     kFp8DecodeScale undoes the factor on S and O in fp32.
+// Both take a 32-bit word holding bytes [b3 b2 b1 b0] and return f16x2 pairs; "lo" is
+// (b0, b1), "hi" is (b2, b3), first element in the low half.
+#ifndef MLAGEN_FP8_DECODE
+#define MLAGEN_FP8_DECODE 0
+#endif
+#if MLAGEN_FP8_DECODE == 0
+constexpr float kFp8DecodeScale = 1.f;
 MLAGEN_DEVICE uint32_t e4m3x2_to_f16x2(uint16_t v) {
   uint32_t d;
   asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(d) : "h"(v));
@@ -61,6 +72,19 @@ MLAGEN_DEVICE uint32_t e4m3x2_to_f16x2(uint16_t v) {
 }
 MLAGEN_DEVICE uint32_t e4m3x2_lo_to_f16x2(uint32_t w) { return e4m3x2_to_f16x2(static_cast<uint16_t>(w)); }
 MLAGEN_DEVICE uint32_t e4m3x2_hi_to_f16x2(uint32_t w) { return e4m3x2_to_f16x2(static_cast<uint16_t>(w >> 16)); }
+#else
+constexpr float kFp8DecodeScale = 256.f;
+// y holds the two bytes at bits 15..8 and 31..24: keep the signs, move the rest down one.
+MLAGEN_DEVICE uint32_t e4m3_hi_bytes_to_f16x2(uint32_t y) { return (y & 0x80008000u) | ((y >> 1) & 0x3f803f80u); }
+MLAGEN_DEVICE uint32_t e4m3x2_lo_to_f16x2(uint32_t w) { return e4m3_hi_bytes_to_f16x2(__byte_perm(w, 0u, 0x1404)); }
+MLAGEN_DEVICE uint32_t e4m3x2_hi_to_f16x2(uint32_t w) { return e4m3_hi_bytes_to_f16x2(__byte_perm(w, 0u, 0x3424)); }
+#endif
+#if defined(MLAGEN_EXP_NO_DECODE)  // cost experiment only: wrong results on purpose
+#undef MLAGEN_FP8_DECODE
+MLAGEN_DEVICE uint32_t exp_nodecode(uint32_t w) { return w; }
+#define e4m3x2_lo_to_f16x2(w) exp_nodecode(w)
+#define e4m3x2_hi_to_f16x2(w) exp_nodecode((w) >> 16)
+#endif
 
 // Byte select over {y,x}: result byte i = byte (sel >> 4i) & 7 of y:x.
 MLAGEN_DEVICE uint32_t prmt(uint32_t x, uint32_t y, uint32_t sel) { return __byte_perm(x, y, sel); }
