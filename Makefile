@@ -8,7 +8,7 @@ JOBS ?= $(shell nproc)
 export MLAGEN_LIBRARY ?= $(abspath $(BUILD)/libmlagen.so)
 export PYTHONPATH := $(abspath runtime/python):$(abspath .):$(PYTHONPATH)
 
-.PHONY: all generate check-generated list build test test-cpu test-gpu bench sanitize clean bundle leaderboard-test leaderboard-bench
+.PHONY: tune all generate check-generated list build test test-cpu test-gpu bench sanitize clean bundle leaderboard-test leaderboard-bench
 
 all: build
 
@@ -38,6 +38,11 @@ test-gpu: build
 
 bench: build
 	$(PYTHON) bench/bench.py --out bench/results
+
+# measure splits x tiles per catalog shape on the GPU, write codegen/tuning.json, rebuild
+tune: build
+	$(PYTHON) bench/tune.py --log bench/results/tune_log.json
+	$(MAKE) build
 
 sanitize: build
 	$(PYTHON) bench/sanitize.py
