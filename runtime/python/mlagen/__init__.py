@@ -22,9 +22,23 @@ __all__ = ["decode", "prepare", "check_device_errors", "kernels", "select", "fin
 _QK, _DV, _HEADS = 576, 512, 16
 
 
+_torch_mod = None
+
+
 def _torch():
-    import torch
-    return torch
+    global _torch_mod
+    if _torch_mod is None:
+        import torch
+        _torch_mod = torch
+    return _torch_mod
+
+
+def _raw_stream(device_index: int) -> int:
+    """The current stream's handle; torch's raw accessor when it has one (much cheaper
+    than torch.cuda.current_stream(), which builds a Python object)."""
+    torch = _torch()
+    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return get(device_index) if get else torch.cuda.current_stream(device_index).cuda_stream
 
 
 def _kv_dtype_name(t) -> str:
@@ -62,6 +76,8 @@ class Plan:
 
     def __init__(self, problem: Problem, info: dict, workspace, device):
         self.problem, self.info, self.workspace, self.device = problem, info, workspace, device
+        self.device_index = device.index if device.index is not None else _torch().cuda.current_device()
+        self.out_shape = (problem.total_q, _HEADS, _DV)
         self._pp = ctypes.byref(problem)
         self._run = lib().mlagen_decode_ptrs
 
@@ -167,8 +183,7 @@ def _check_device_once(dev):
 
 
 def _stream_of(dev) -> int:
-    torch = _torch()
-    return torch.cuda.current_stream(dev).cuda_stream
+    return _raw_stream(dev.index if dev.index is not None else _torch().cuda.current_device())
 
 
 def decode(q, kv_data, qo_indptr, kv_indptr, config: dict, *, kv_format: str = "fp8", out=None,
@@ -179,24 +194,26 @@ def decode(q, kv_data, qo_indptr, kv_indptr, config: dict, *, kv_format: str = "
     or directly (kv, scale); qo_indptr / kv_indptr (batch+1,) int32; config the leaderboard's dict.
     Returns (total_q, 16, 512) bf16. force_generic / splits / kernel (a name from kernels())
     override the dispatch, for tests and tuning.
+
+    Per call this reads the tensors' metadata once (the plan cache key), allocates the
+    output and passes six pointers to the library: everything else happened when the
+    plan for this shape was made.
     """
-    torch = _torch()
-    kv, kv_scale = _unpack_kv(kv_data, kv_format)
-    key = (q.device, tuple(q.shape), q.stride(), tuple(kv.shape), kv.stride(), kv.dtype,
-           qo_indptr.numel(), config.get("kv_seq_len"), config.get("sm_scale"), config.get("num_heads"),
-           force_generic, splits, kernel)
+    kv, kv_scale = kv_data[kv_format] if kv_data.__class__ is dict and kv_format in kv_data else \
+        _unpack_kv(kv_data, kv_format)
+    key = (q.shape, q.stride(), q.dtype, q.get_device(), kv.shape, kv.stride(), kv.dtype, kv_scale.dtype,
+           qo_indptr.shape, qo_indptr.dtype, kv_indptr.shape, kv_indptr.dtype,
+           config.get("kv_seq_len"), config.get("sm_scale"), config.get("batch_size"), force_generic, splits, kernel)
     plan = _plans.get(key)
     if plan is None:
         plan = prepare(q, kv, kv_scale, qo_indptr, kv_indptr, config, force_generic=force_generic, splits=splits,
                        kernel=kernel)
         _plans[key] = plan
     if out is None:
-        out = torch.empty((q.shape[0], _HEADS, _DV), dtype=torch.bfloat16, device=q.device)
-    elif (out.dtype != torch.bfloat16 or tuple(out.shape) != (q.shape[0], _HEADS, _DV)
-          or not out.is_contiguous()):
-        raise MlagenError(1, f"out: {out.dtype} {tuple(out.shape)}: expected contiguous bf16 "
-                             f"({q.shape[0]}, 16, 512)")
-    plan.run(q, kv, kv_scale, qo_indptr, kv_indptr, out, _stream_of(q.device))
+        out = _torch_mod.empty(plan.out_shape, dtype=_torch_mod.bfloat16, device=plan.device)
+    elif (out.dtype != _torch_mod.bfloat16 or out.shape != plan.out_shape or not out.is_contiguous()):
+        raise MlagenError(1, f"out: {out.dtype} {tuple(out.shape)}: expected contiguous bf16 {plan.out_shape}")
+    plan.run(q, kv, kv_scale, qo_indptr, kv_indptr, out, _raw_stream(plan.device_index))
     _last["info"] = plan.info
     return out
 

@@ -71,8 +71,9 @@ mla_decode_kernel(const Params p) {
   const int tok_begin = tile_begin * BN;
   const int tok_end = min(seq.len, tok_begin + ntiles * BN);
   const uint8_t* kv = p.kv + seq.kv_begin * p.kv_stride_token;
-  const float kv_scale = *p.kv_scale * kFp8DecodeScale;  // per decoded KV unit
-  const float s_scale = kv_scale * p.sm_scale * 1.4426950408889634f;  // log2 domain
+  const float kv_scale = *p.kv_scale;
+  const float s_scale = kv_scale * kKDecodeScale * p.sm_scale * 1.4426950408889634f;  // log2 domain
+  const float o_scale = kv_scale * kVDecodeScale;  // per decoded V unit
 
   // Q as f16 A fragments for this warp's 144 dims. The k order inside each 16-dim chunk
   // is permuted to match how K arrives (4 consecutive fp8 per lane, see below):
@@ -140,7 +141,7 @@ mla_decode_kernel(const Params p) {
         ldmatrix_x4(r, stage + (jj * 32 + lane) * T::kRowBytes + kbyte);
 #pragma unroll
         for (int i = 0; i < 4; ++i)
-          mma_f16_16816(s[jj * 4 + i], qf[c], e4m3x2_lo_to_f16x2(r[i]), e4m3x2_hi_to_f16x2(r[i]));
+          mma_f16_16816(s[jj * 4 + i], qf[c], k_lo_to_f16x2(r[i]), k_hi_to_f16x2(r[i]));
       }
     }
 
@@ -213,12 +214,11 @@ mla_decode_kernel(const Params p) {
       for (int i = 0; i < 4; ++i) {
         const uint32_t w0 = lds32(row0 + i * 32), w1 = lds32(row0 + T::kRowBytes + i * 32);
         const uint32_t w2 = lds32(row0 + 8 * T::kRowBytes + i * 32), w3 = lds32(row0 + 9 * T::kRowBytes + i * 32);
-        const uint32_t lo01 = prmt(w0, w1, 0x5140), hi01 = prmt(w0, w1, 0x7362);
-        const uint32_t lo23 = prmt(w2, w3, 0x5140), hi23 = prmt(w2, w3, 0x7362);
-        mma_f16_16816(o[i][0], a, e4m3x2_lo_to_f16x2(lo01), e4m3x2_lo_to_f16x2(lo23));
-        mma_f16_16816(o[i][1], a, e4m3x2_hi_to_f16x2(lo01), e4m3x2_hi_to_f16x2(lo23));
-        mma_f16_16816(o[i][2], a, e4m3x2_lo_to_f16x2(hi01), e4m3x2_lo_to_f16x2(hi23));
-        mma_f16_16816(o[i][3], a, e4m3x2_hi_to_f16x2(hi01), e4m3x2_hi_to_f16x2(hi23));
+        uint32_t v01[4], v23[4];  // [j]: dim 4g+j of tokens (2t, 2t+1) / (2t+8, 2t+9)
+        v_pairs_to_f16x2(w0, w1, v01);
+        v_pairs_to_f16x2(w2, w3, v23);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) mma_f16_16816(o[i][j], a, v01[j], v23[j]);
       }
     }
   }
@@ -235,7 +235,7 @@ mla_decode_kernel(const Params p) {
   if (splits == 1) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float inv = seq.bad ? __int_as_float(0x7fc00000) : (l[r] > 0.f ? kv_scale / l[r] : 0.f);
+      const float inv = seq.bad ? __int_as_float(0x7fc00000) : (l[r] > 0.f ? o_scale / l[r] : 0.f);
       uint16_t* out = p.out + seq.q_row * p.out_stride_token + (g + 8 * r) * p.out_stride_head;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -288,7 +288,7 @@ __global__ void __launch_bounds__(128) mla_combine_kernel(const Params p) {
       acc.x += w * v.x; acc.y += w * v.y; acc.z += w * v.z; acc.w += w * v.w;
     }
   }
-  const float inv = lsum != lsum ? lsum : (lsum > 0.f ? *p.kv_scale * sm90::kFp8DecodeScale / lsum : 0.f);  // NaN stays NaN
+  const float inv = lsum != lsum ? lsum : (lsum > 0.f ? *p.kv_scale * sm90::kVDecodeScale / lsum : 0.f);  // NaN stays NaN
   uint2 v;
   v.x = pack_bf16x2(acc.x * inv, acc.y * inv);
   v.y = pack_bf16x2(acc.z * inv, acc.w * inv);

@@ -46,48 +46,58 @@ MLAGEN_DEVICE uint32_t lds32(uint32_t addr) {
 //   b0 = B[2t..2t+1][g]     b1 = B[2t+8..2t+9][g]
 //   d[0..1] = D[g][2t..2t+1]   d[2..3] = D[g+8][2t..2t+1]
 MLAGEN_DEVICE void mma_f16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
+  asm(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// fp8 e4m3 -> f16x2 decode, two ways (MLAGEN_FP8_DECODE picks; default 0):
-//  0: cvt.rn.f16x2.e4m3x2 (F2FP), one instruction per two values, exact.
-//  1: integer bit moves (SHF/LOP3) on the integer pipe, scaled by 2^-8: e4m3 s.eeee.mmm
-//     becomes f16 s.0eeee.mmm0000000, i.e. the same value times 2^-8 (subnormals too).
-//     kFp8DecodeScale undoes the factor on S and O in fp32.
-// Both take a 32-bit word holding bytes [b3 b2 b1 b0] and return f16x2 pairs; "lo" is
-// (b0, b1), "hi" is (b2, b3), first element in the low half.
+// fp8 e4m3 -> f16 decode. Hopper has no fp8 MMA outside wgmma, so every KV value is
+// decoded once per block: 576 values a token for K, 512 for V. Two routes, on two pipes:
+//  F2FP: cvt.rn.f16x2.e4m3x2, one instruction per two values, exact; a conversion-unit
+//        instruction with a fraction of the ALU's issue rate.
+//  INT : bit moves on the integer pipe: e4m3 s.eeee.mmm placed in the high byte of an f16
+//        lane becomes s.0eeee.mmm0000000 = the same value times 2^-8 (subnormals too);
+//        the factor is undone on S / O in fp32 (k*DecodeScale).
+// MLAGEN_FP8_DECODE: 0 = F2FP for K and V; 1 = INT for K and V; 2 = F2FP for K, INT for V
+// (the two pipes then share the work).
 #ifndef MLAGEN_FP8_DECODE
 #define MLAGEN_FP8_DECODE 0
 #endif
-#if MLAGEN_FP8_DECODE == 0
-constexpr float kFp8DecodeScale = 1.f;
-MLAGEN_DEVICE uint32_t e4m3x2_to_f16x2(uint16_t v) {
+MLAGEN_DEVICE uint32_t e4m3x2_f2fp(uint16_t v) {
   uint32_t d;
   asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(d) : "h"(v));
   return d;
 }
-MLAGEN_DEVICE uint32_t e4m3x2_lo_to_f16x2(uint32_t w) { return e4m3x2_to_f16x2(static_cast<uint16_t>(w)); }
-MLAGEN_DEVICE uint32_t e4m3x2_hi_to_f16x2(uint32_t w) { return e4m3x2_to_f16x2(static_cast<uint16_t>(w >> 16)); }
-#else
-constexpr float kFp8DecodeScale = 256.f;
-// y holds the two bytes at bits 15..8 and 31..24: keep the signs, move the rest down one.
-MLAGEN_DEVICE uint32_t e4m3_hi_bytes_to_f16x2(uint32_t y) { return (y & 0x80008000u) | ((y >> 1) & 0x3f803f80u); }
-MLAGEN_DEVICE uint32_t e4m3x2_lo_to_f16x2(uint32_t w) { return e4m3_hi_bytes_to_f16x2(__byte_perm(w, 0u, 0x1404)); }
-MLAGEN_DEVICE uint32_t e4m3x2_hi_to_f16x2(uint32_t w) { return e4m3_hi_bytes_to_f16x2(__byte_perm(w, 0u, 0x3424)); }
-#endif
-#if defined(MLAGEN_EXP_NO_DECODE)  // cost experiment only: wrong results on purpose
-#undef MLAGEN_FP8_DECODE
-MLAGEN_DEVICE uint32_t exp_nodecode(uint32_t w) { return w; }
-#define e4m3x2_lo_to_f16x2(w) exp_nodecode(w)
-#define e4m3x2_hi_to_f16x2(w) exp_nodecode((w) >> 16)
-#endif
+// y holds two e4m3 bytes at bits 15..8 and 31..24 (bytes 0 and 2 are ignored).
+MLAGEN_DEVICE uint32_t e4m3x2_int(uint32_t y) { return (y & 0x80008000u) | ((y >> 1) & 0x3f803f80u); }
 
-// Byte select over {y,x}: result byte i = byte (sel >> 4i) & 7 of y:x.
-MLAGEN_DEVICE uint32_t prmt(uint32_t x, uint32_t y, uint32_t sel) { return __byte_perm(x, y, sel); }
+constexpr bool kKDecodeInt = MLAGEN_FP8_DECODE == 1;
+constexpr bool kVDecodeInt = MLAGEN_FP8_DECODE >= 1;
+constexpr float kKDecodeScale = kKDecodeInt ? 256.f : 1.f;  // decoded K unit x this = e4m3 value
+constexpr float kVDecodeScale = kVDecodeInt ? 256.f : 1.f;
+
+// K: w = bytes [b3 b2 b1 b0] of one token -> f16x2 (b0, b1) and (b2, b3).
+MLAGEN_DEVICE uint32_t k_lo_to_f16x2(uint32_t w) {
+  return kKDecodeInt ? e4m3x2_int(__byte_perm(w, 0u, 0x1404)) : e4m3x2_f2fp(static_cast<uint16_t>(w));
+}
+MLAGEN_DEVICE uint32_t k_hi_to_f16x2(uint32_t w) {
+  return kKDecodeInt ? e4m3x2_int(__byte_perm(w, 0u, 0x3424)) : e4m3x2_f2fp(static_cast<uint16_t>(w >> 16));
+}
+// V: wa, wb = 4 dims of two tokens -> d[j] = f16x2 (wa.byte j, wb.byte j), j = 0..3.
+MLAGEN_DEVICE void v_pairs_to_f16x2(uint32_t wa, uint32_t wb, uint32_t (&d)[4]) {
+  if constexpr (kVDecodeInt) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) d[j] = e4m3x2_int(__byte_perm(wa, wb, ((4 + j) << 12) | (j << 4)));
+  } else {
+    const uint32_t lo = __byte_perm(wa, wb, 0x5140), hi = __byte_perm(wa, wb, 0x7362);
+    d[0] = e4m3x2_f2fp(static_cast<uint16_t>(lo));
+    d[1] = e4m3x2_f2fp(static_cast<uint16_t>(lo >> 16));
+    d[2] = e4m3x2_f2fp(static_cast<uint16_t>(hi));
+    d[3] = e4m3x2_f2fp(static_cast<uint16_t>(hi >> 16));
+  }
+}
 
 MLAGEN_DEVICE uint32_t pack_f16x2(float lo, float hi) {
   __half2 h = __floats2half2_rn(lo, hi);
