@@ -40,9 +40,7 @@ struct Tiling {
   static constexpr int kNTiles = kBlockN / 8;                      // n8 MMA tiles per KV tile
   static constexpr int kRedBytes = kWarps * kNTiles * MLAGEN_WARP_SIZE * 16;
   static constexpr int kSmemBytes = kStages * kStageBytes + kRedBytes;
-  // Blocks that fit an SM's 227 KB (1 KB reserved per block); the register budget follows.
-  static constexpr int kBlocksBySmem = (227 * 1024) / (kSmemBytes + 1024);
-  static constexpr int kMinBlocksPerSm = kBlocksBySmem < 1 ? 1 : (kBlocksBySmem > 3 ? 3 : kBlocksBySmem);
+  static constexpr int kMinBlocksPerSm = kSmemBytes <= 110 * 1024 ? 2 : 1;
   static_assert(kBlockN % 32 == 0, "kBlockN: multiple of 32 (ldmatrix.x4 takes 4 n8 tiles)");
   static_assert(kBlockN * kChunksPerRow % kThreads == 0, "tile copy must divide over the block");
   static_assert(kChunksPerRow % kWarps == 0, "QK dims must divide over the warps");
@@ -108,12 +106,13 @@ mla_decode_kernel(const Params p) {
     }
   };
 
-  // O accumulators: n8 tile j maps its column n to dim warp*128 + 16n + j (see the epilogue).
-  float o[16][4];
+  float o[4][4][4];  // [32-dim group][n8 tile j][fragment]; see write_out for the dim map
 #pragma unroll
-  for (int j = 0; j < 16; ++j)
+  for (int i = 0; i < 4; ++i)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) o[j][e] = 0.f;
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[i][j][e] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // rows g and g+8
 
 #pragma unroll
@@ -192,37 +191,34 @@ mla_decode_kernel(const Params p) {
       }
 #pragma unroll
     for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + lsum[r];
-    // Once the running max settles, alpha is 1 for every row: skip the 64 multiplies.
-    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        o[j][0] *= alpha[0]; o[j][1] *= alpha[0];
-        o[j][2] *= alpha[1]; o[j][3] *= alpha[1];
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        o[i][j][0] *= alpha[0]; o[i][j][1] *= alpha[0];
+        o[i][j][2] *= alpha[1]; o[i][j][3] *= alpha[1];
       }
-    }
 
     // ---- O += P V over this warp's 128 dims -----------------------------------------------
     // P: the S accumulators of n8 tiles 2kc, 2kc+1 are the A fragment of k-chunk kc.
-    // V: B[k = token][n = dim]. Lane (g,t) loads 16 bytes (dims 16g..16g+15 of the warp's
-    // 128) of tokens 2t, 2t+1, 2t+8, 2t+9 and byte-transposes them; n8 tile j maps its
-    // column n to dim 16n + j, so lane g feeds dim 16g + j of every tile.
+    // V: B[k = token][n = dim]. Lane (g,t) loads 4 bytes (dims 4g..4g+3 of a 32-dim group)
+    // of tokens 2t, 2t+1, 2t+8, 2t+9 and byte-transposes them; n8 tile j then maps its
+    // column g to dim 4g+j of the group.
 #pragma unroll
     for (int kc = 0; kc < BN / 16; ++kc) {
       const uint32_t a[4] = {pack_f16x2(s[2 * kc][0], s[2 * kc][1]), pack_f16x2(s[2 * kc][2], s[2 * kc][3]),
                              pack_f16x2(s[2 * kc + 1][0], s[2 * kc + 1][1]),
                              pack_f16x2(s[2 * kc + 1][2], s[2 * kc + 1][3])};
-      const uint32_t row0 = stage + (16 * kc + 2 * t) * T::kRowBytes + warp * T::kVDimsPerWarp + 16 * g;
-      const uint4 w0 = lds128(row0), w1 = lds128(row0 + T::kRowBytes);
-      const uint4 w2 = lds128(row0 + 8 * T::kRowBytes), w3 = lds128(row0 + 9 * T::kRowBytes);
-      const uint32_t x0[4] = {w0.x, w0.y, w0.z, w0.w}, x1[4] = {w1.x, w1.y, w1.z, w1.w};
-      const uint32_t x2[4] = {w2.x, w2.y, w2.z, w2.w}, x3[4] = {w3.x, w3.y, w3.z, w3.w};
+      const uint32_t row0 = stage + (16 * kc + 2 * t) * T::kRowBytes + warp * T::kVDimsPerWarp + 4 * g;
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        uint32_t v01[4], v23[4];  // [j]: dim 16g+4q+j of tokens (2t, 2t+1) / (2t+8, 2t+9)
-        v_pairs_to_f16x2(x0[q], x1[q], v01);
-        v_pairs_to_f16x2(x2[q], x3[q], v23);
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t w0 = lds32(row0 + i * 32), w1 = lds32(row0 + T::kRowBytes + i * 32);
+        const uint32_t w2 = lds32(row0 + 8 * T::kRowBytes + i * 32), w3 = lds32(row0 + 9 * T::kRowBytes + i * 32);
+        uint32_t v01[4], v23[4];  // [j]: dim 4g+j of tokens (2t, 2t+1) / (2t+8, 2t+9)
+        v_pairs_to_f16x2(w0, w1, v01);
+        v_pairs_to_f16x2(w2, w3, v23);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) mma_f16_16816(o[4 * q + j], a, v01[j], v23[j]);
+        for (int j = 0; j < 4; ++j) mma_f16_16816(o[i][j], a, v01[j], v23[j]);
       }
     }
   }
@@ -234,38 +230,36 @@ mla_decode_kernel(const Params p) {
     l[r] += __shfl_xor(l[r], 2);
   }
 
-  // Lane (g,t) holds for row g (fragments [0],[1]) and row g+8 ([2],[3]) the 32
-  // consecutive dims warp*128 + 32t .. +31: o[0..15][0] then o[0..15][1].
-  const int d0 = warp * T::kVDimsPerWarp + 32 * t;
+  // Lane (g,t) holds, for rows g and g+8 and 32-dim group i, the 8 consecutive dims
+  // warp*128 + 32i + 8t .. +7:  o[i][0..3][0], o[i][0..3][1]  (row g; [2],[3] for g+8).
   if (splits == 1) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float inv = seq.bad ? __int_as_float(0x7fc00000) : (l[r] > 0.f ? o_scale / l[r] : 0.f);
-      uint16_t* out = p.out + seq.q_row * p.out_stride_token + (g + 8 * r) * p.out_stride_head + d0;
+      uint16_t* out = p.out + seq.q_row * p.out_stride_token + (g + 8 * r) * p.out_stride_head;
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-          const int j = 8 * k;
-          uint4 v;
-          v.x = pack_bf16x2(o[j + 0][2 * r + h] * inv, o[j + 1][2 * r + h] * inv);
-          v.y = pack_bf16x2(o[j + 2][2 * r + h] * inv, o[j + 3][2 * r + h] * inv);
-          v.z = pack_bf16x2(o[j + 4][2 * r + h] * inv, o[j + 5][2 * r + h] * inv);
-          v.w = pack_bf16x2(o[j + 6][2 * r + h] * inv, o[j + 7][2 * r + h] * inv);
-          *reinterpret_cast<uint4*>(out + 16 * h + j) = v;
-        }
+      for (int i = 0; i < 4; ++i) {
+        const int d = warp * T::kVDimsPerWarp + 32 * i + 8 * t;
+        uint4 v;
+        v.x = pack_bf16x2(o[i][0][2 * r] * inv, o[i][1][2 * r] * inv);
+        v.y = pack_bf16x2(o[i][2][2 * r] * inv, o[i][3][2 * r] * inv);
+        v.z = pack_bf16x2(o[i][0][2 * r + 1] * inv, o[i][1][2 * r + 1] * inv);
+        v.w = pack_bf16x2(o[i][2][2 * r + 1] * inv, o[i][3][2 * r + 1] * inv);
+        *reinterpret_cast<uint4*>(out + d) = v;
+      }
     }
   } else {
     const int64_t slot = static_cast<int64_t>(b) * splits + split;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float* po = p.part_o + (slot * kHeads + g + 8 * r) * kVDim + d0;
+      float* po = p.part_o + (slot * kHeads + g + 8 * r) * kVDim;
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int j = 0; j < 16; j += 4)
-          *reinterpret_cast<float4*>(po + 16 * h + j) =
-              make_float4(o[j][2 * r + h], o[j + 1][2 * r + h], o[j + 2][2 * r + h], o[j + 3][2 * r + h]);
+      for (int i = 0; i < 4; ++i) {
+        const int d = warp * T::kVDimsPerWarp + 32 * i + 8 * t;
+        *reinterpret_cast<float4*>(po + d) = make_float4(o[i][0][2 * r], o[i][1][2 * r], o[i][2][2 * r], o[i][3][2 * r]);
+        *reinterpret_cast<float4*>(po + d + 4) =
+            make_float4(o[i][0][2 * r + 1], o[i][1][2 * r + 1], o[i][2][2 * r + 1], o[i][3][2 * r + 1]);
+      }
       if (warp == 0 && t == 0)
         p.part_ml[slot * kHeads + g + 8 * r] = make_float2(m[r], seq.bad ? __int_as_float(0x7fc00000) : l[r]);
     }

@@ -41,12 +41,6 @@ MLAGEN_DEVICE uint32_t lds32(uint32_t addr) {
   return v;
 }
 
-MLAGEN_DEVICE uint4 lds128(uint32_t addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
-  return v;
-}
-
 // D(16x8,f32) += A(16x16,f16,row) * B(16x8,f16,col). With g = lane/4, t = lane%4:
 //   a[0] = A[g][2t..2t+1]   a[1] = A[g+8][2t..2t+1]   a[2] = A[g][2t+8..+9]   a[3] = A[g+8][2t+8..+9]
 //   b0 = B[2t..2t+1][g]     b1 = B[2t+8..2t+9][g]
