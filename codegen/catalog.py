@@ -19,11 +19,16 @@ SHAPES_FILE = os.path.join(HERE, "shapes.txt")
 # The amd-mixed-mla benchmark shapes (../shared/leaderboard.md), batch x kv_len.
 LEADERBOARD_SHAPES = ((4, 1024), (4, 8192), (32, 1024), (32, 8192),
                       (64, 1024), (64, 8192), (256, 1024), (256, 8192))
-DEFAULT_ARCHS = ("sm90a",)
-DEFAULT_DTYPES = (("bf16", "fp8e4m3fn"),)
+DEFAULT_ARCHS = ("sm90a", "gfx950", "gfx942")
+# (q dtype, kv dtype) per arch: each arch with the fp8 flavour its hardware decodes.
+DEFAULT_DTYPES = {"sm90a": (("bf16", "fp8e4m3fn"),), "gfx950": (("bf16", "fp8e4m3fn"),),
+                  "gfx942": (("bf16", "fp8e4m3fnuz"),)}
+# Tiles an arch's kernels use when neither the tuning table nor the caller says otherwise.
+ARCH_TILES = {"sm90a": dict(block_n=32, stages=4), "gfx950": dict(block_n=32, stages=2),
+              "gfx942": dict(block_n=32, stages=2)}
 # Tile choices built as generic kernels besides the default, so `make tune` can measure
 # them on any shape without regenerating (block_n, stages).
-TUNING_TILES = ((32, 3), (32, 6), (64, 2), (64, 3))
+TUNING_TILES = {"sm90a": ((32, 3), (32, 6), (64, 2), (64, 3))}
 
 # Resident blocks the heuristic aims for: SMs x blocks per SM of the default tile.
 _TARGET_BLOCKS = {"sm90a": 132 * 2, "gfx950": 256 * 2, "gfx942": 304 * 2}
@@ -52,11 +57,11 @@ def load_tuning(path: str = TUNING_FILE) -> dict:
 def heuristic_params(arch: str, batch: int, kv_len: int) -> dict:
     """Splits that fill the GPU without letting the partial outputs (32 KB a split, about
     56 tokens of fp8 KV) rival the KV bytes: at least 256 tokens a split."""
-    block_n = 32
-    tiles = -(-kv_len // block_n)
+    tiles_ = ARCH_TILES[arch]
+    tiles = -(-kv_len // tiles_["block_n"])
     splits = max(1, round(_TARGET_BLOCKS[arch] / batch))
     splits = min(splits, max(1, kv_len // 256), tiles, 64)
-    return dict(splits=splits, block_n=block_n, stages=4)
+    return dict(splits=splits, **tiles_)
 
 
 def params_for(arch: str, batch: int, kv_len: int, q_dtype: str, kv_dtype: str, tuning: dict) -> dict:
@@ -68,7 +73,7 @@ def params_for(arch: str, batch: int, kv_len: int, q_dtype: str, kv_dtype: str, 
 
 def build_catalog(shapes: Iterable[tuple[int, int]] | None = None,
                   archs: Iterable[str] = DEFAULT_ARCHS,
-                  dtypes: Iterable[tuple[str, str]] = DEFAULT_DTYPES,
+                  dtypes: dict | None = None,
                   tuning: dict | None = None,
                   include_shapes_file: bool = True) -> list[KernelSpec]:
     """The sorted, duplicate-free list of specs to generate."""
@@ -82,9 +87,9 @@ def build_catalog(shapes: Iterable[tuple[int, int]] | None = None,
     for arch in archs:
         if arch not in ARCHS:
             raise SpecError(f"arch {arch!r}: expected one of {sorted(ARCHS)}")
-        for q_dtype, kv_dtype in dtypes:
-            specs.append(KernelSpec(arch, ANY, ANY, ANY, q_dtype, kv_dtype))
-            for block_n, stages in TUNING_TILES:
+        for q_dtype, kv_dtype in (dtypes or DEFAULT_DTYPES)[arch]:
+            specs.append(KernelSpec(arch, ANY, ANY, ANY, q_dtype, kv_dtype, **ARCH_TILES[arch]))
+            for block_n, stages in TUNING_TILES.get(arch, ()):
                 specs.append(KernelSpec(arch, ANY, ANY, ANY, q_dtype, kv_dtype, block_n=block_n, stages=stages))
             for batch, kv_len in sorted(set(all_shapes)):
                 p = params_for(arch, batch, kv_len, q_dtype, kv_dtype, tuning)

@@ -66,7 +66,8 @@ def render(specs: list[KernelSpec]) -> dict[str, str]:
                                           spec_json=json.dumps(s.as_dict(), sort_keys=True))
     out["registry.inc"] = env.get_template("registry.inc.j2").render(
         specs=specs, banner=banner, fingerprint=fp, guards=REGISTRY_GUARD, dtype_enum=DTYPE_ENUM)
-    out["sources.cmake"] = env.get_template("sources.cmake.j2").render(specs=specs, banner=banner, fingerprint=fp)
+    out["sources.cmake"] = env.get_template("sources.cmake.j2").render(
+        specs=specs, banner=banner, fingerprint=fp, archs=sorted({s.arch for s in specs}))
     manifest = {"generated_by": BANNER, "fingerprint": fp, "kernels": [s.as_dict() for s in specs]}
     out["manifest.json"] = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
     return out

@@ -29,9 +29,9 @@ KV_DTYPES = ("bf16", "fp8e4m3fn", "fp8e4m3fnuz", "mxfp4")
 # What the device code implements today. The spec grammar is wider on purpose: later
 # formats slot in by widening these sets, not by changing names.
 IMPLEMENTED = {
-    "arch": ("sm90a",),
+    "arch": ("sm90a", "gfx950", "gfx942"),
     "q_dtype": ("bf16",),
-    "kv_dtype": ("fp8e4m3fn",),
+    "kv_dtype": ("fp8e4m3fn", "fp8e4m3fnuz"),
 }
 
 ANY = 0  # batch / kv_len / splits of the generic kernel: sizes come at run time
@@ -99,7 +99,9 @@ class KernelSpec:
         non-default tiles, reachable by name only (make tune measures them)."""
         if not self.generic:
             return 0
-        return 1 if (self.block_n, self.stages) == (DEFAULTS["block_n"], DEFAULTS["stages"]) else 2
+        from .catalog import ARCH_TILES
+        default = ARCH_TILES[self.arch]
+        return 1 if (self.block_n, self.stages) == (default["block_n"], default["stages"]) else 2
 
     @property
     def key(self) -> tuple:
@@ -172,6 +174,8 @@ class KernelSpec:
             bad("block_n", "32 or 64")
         if not 2 <= self.stages <= 8:
             bad("stages", "2..8")
+        if self.vendor == "amd" and self.stages != 2:
+            bad("stages", "2 on AMD (register-staged double buffering)")
         if not self.generic:
             tiles = -(-self.kv_len // self.block_n)
             if self.splits > max(1, tiles):

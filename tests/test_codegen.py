@@ -22,8 +22,8 @@ def test_name_round_trip_catalog():
     KernelSpec("sm90a", 32, 8192, 8),
     KernelSpec("sm90a", ANY, ANY, ANY),
     KernelSpec("sm90a", 48, 2048, 3, block_n=64, stages=3),
-    KernelSpec("gfx950", 4, 1024, 4, q_dtype="fp8", kv_dtype="mxfp4"),
-    KernelSpec("gfx942", 4, 1024, 4, kv_dtype="fp8e4m3fnuz"),
+    KernelSpec("gfx950", 4, 1024, 4, q_dtype="fp8", kv_dtype="mxfp4", stages=2),
+    KernelSpec("gfx942", 4, 1024, 4, kv_dtype="fp8e4m3fnuz", stages=2),
 ], ids=lambda s: s.name)
 def test_name_round_trip_fields(spec):
     assert KernelSpec.parse(spec.name) == spec
@@ -51,17 +51,24 @@ def test_bad_names_are_rejected_with_the_field(name, msg):
 
 def test_default_catalog_is_the_leaderboard():
     specs = catalog.build_catalog(include_shapes_file=False)
-    shapes = sorted((s.batch, s.kv_len) for s in specs if not s.generic)
-    assert shapes == sorted(catalog.LEADERBOARD_SHAPES)
-    assert sum(s.role == 1 for s in specs) == 1
-    assert sum(s.role == 2 for s in specs) == len(catalog.TUNING_TILES)
+    for arch in catalog.DEFAULT_ARCHS:
+        mine = [s for s in specs if s.arch == arch]
+        shapes = sorted((s.batch, s.kv_len) for s in mine if not s.generic)
+        assert shapes == sorted(catalog.LEADERBOARD_SHAPES), arch
+        assert sum(s.role == 1 for s in mine) == 1
+        assert sum(s.role == 2 for s in mine) == len(catalog.TUNING_TILES.get(arch, ()))
+    # every arch decodes its own fp8 flavour
+    assert {s.kv_dtype for s in specs if s.arch == "gfx942"} == {"fp8e4m3fnuz"}
+    assert {s.kv_dtype for s in specs if s.arch != "gfx942"} == {"fp8e4m3fn"}
     assert [s.name for s in specs] == sorted(s.name for s in specs)
 
 
 def test_user_shapes_and_shapes_file(tmp_path):
     specs = catalog.build_catalog(catalog.parse_shapes("48x2048, 4x1024"), include_shapes_file=False)
     assert any(s.batch == 48 and s.kv_len == 2048 for s in specs)
-    assert len(specs) == 10 + len(catalog.TUNING_TILES)  # 4x1024 is already a leaderboard shape: no duplicate
+    n_arch = len(catalog.DEFAULT_ARCHS)
+    n_tiles = sum(len(v) for v in catalog.TUNING_TILES.values())
+    assert len(specs) == 10 * n_arch + n_tiles  # 4x1024 is already a leaderboard shape: no duplicate
     with pytest.raises(SpecError, match="BATCHxKV_LEN"):
         catalog.parse_shapes("48by2048")
     assert catalog.parse_shapes("# c\n8x512\n16x300 # tail\n") == [(8, 512), (16, 300)]
@@ -78,7 +85,7 @@ def test_duplicate_keys_are_an_error():
 def test_tuning_table_is_read():
     tuning = {"sm90a": {"qbf16_kvfp8e4m3fn": {"4x1024": {"splits": 2, "block_n": 64, "stages": 3}}}}
     specs = catalog.build_catalog(tuning=tuning, include_shapes_file=False)
-    s = next(s for s in specs if (s.batch, s.kv_len) == (4, 1024))
+    s = next(s for s in specs if (s.arch, s.batch, s.kv_len) == ("sm90a", 4, 1024))
     assert (s.splits, s.block_n, s.stages) == (2, 64, 3)
 
 
@@ -110,7 +117,7 @@ def test_generated_files_carry_banner_and_fingerprint():
 def test_check_mode_fails_on_a_stale_tree(tmp_path):
     stale = tmp_path / "generated"
     shutil.copytree(os.path.join(ROOT, "generated"), stale)
-    victim = sorted(p for p in os.listdir(stale) if p.endswith(".hip"))[0]
+    victim = sorted(p for p in os.listdir(stale) if p.endswith(".hip"))[-1]
     (stale / victim).write_text((stale / victim).read_text() + "// hand edit\n")
     (stale / "mla_decode_sm90a_b1_kv1_s1_qbf16_kvfp8e4m3fn.hip").write_text("// left over\n")
     os.remove(stale / "registry.inc")

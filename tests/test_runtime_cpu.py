@@ -38,7 +38,7 @@ def test_registry_matches_manifest(L):
 @pytest.mark.parametrize("batch,kv_len", catalog.LEADERBOARD_SHAPES, ids=lambda v: str(v))
 def test_leaderboard_shapes_dispatch_to_their_kernel(L, batch, kv_len):
     info = _lib.select(Problem.make(batch, kv_len))
-    spec = next(s for s in catalog.build_catalog() if (s.batch, s.kv_len) == (batch, kv_len))
+    spec = next(s for s in catalog.build_catalog() if (s.arch, s.batch, s.kv_len) == ("sm90a", batch, kv_len))
     assert info["name"] == spec.name and not info["generic"] and info["splits"] == spec.splits
 
 
@@ -141,7 +141,7 @@ def test_kernel_by_name(L):
     assert cand, "tuning candidates are built"
     info = _lib.select(Problem.make(48, 2048, kernel_name=cand[0].encode()))
     assert info["name"] == cand[0] and info["generic"]
-    spec = next(s.name for s in catalog.build_catalog() if (s.batch, s.kv_len) == (32, 8192))
+    spec = next(s.name for s in catalog.build_catalog() if (s.arch, s.batch, s.kv_len) == ("sm90a", 32, 8192))
     assert _lib.select(Problem.make(32, 8192, kernel_name=spec.encode()))["name"] == spec
     with pytest.raises(_lib.MlagenError, match="serves batch=32 kv_len=8192 only"):
         _lib.select(Problem.make(4, 1024, kernel_name=spec.encode()))

@@ -258,11 +258,11 @@ mlagen_status mlagen_decode_ptrs(const mlagen_problem* tmpl, const void* q, cons
 mlagen_status mlagen_take_device_errors(void* workspace, void* stream, uint32_t* errors) {
   if (!workspace || !errors) return fail(MLAGEN_ERR_INVALID, "workspace/errors: NULL pointer");
   uint32_t host = 0;
-  auto s = static_cast<cudaStream_t>(stream);
-  cudaError_t e = cudaMemcpyAsync(&host, workspace, sizeof(host), cudaMemcpyDeviceToHost, s);
-  if (e == cudaSuccess) e = cudaStreamSynchronize(s);
-  if (e == cudaSuccess) e = cudaMemsetAsync(workspace, 0, sizeof(host), s);
-  if (e != cudaSuccess) return fail(MLAGEN_ERR_DEVICE, "reading the device error word: %s", cudaGetErrorString(e));
+  auto s = static_cast<hipStream_t>(stream);
+  hipError_t e = hipMemcpyAsync(&host, workspace, sizeof(host), hipMemcpyDeviceToHost, s);
+  if (e == hipSuccess) e = hipStreamSynchronize(s);
+  if (e == hipSuccess) e = hipMemsetAsync(workspace, 0, sizeof(host), s);
+  if (e != hipSuccess) return fail(MLAGEN_ERR_DEVICE, "reading the device error word: %s", hipGetErrorString(e));
   *errors = host;
   if (host)
     return fail(MLAGEN_ERR_INPUT_DATA, "device-side input check failed (0x%x):%s%s", host,
@@ -284,14 +284,26 @@ const char* mlagen_fingerprint(void) { return MLAGEN_FINGERPRINT; }
 const char* mlagen_build_archs(void) { return MLAGEN_BUILD_ARCH; }
 
 mlagen_status mlagen_check_device(void) {
-  int dev = 0, major = 0, minor = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  int dev = 0;
+  hipError_t e = hipGetDevice(&dev);
+  if (e != hipSuccess) return fail(MLAGEN_ERR_DEVICE, "no usable GPU: %s", hipGetErrorString(e));
+  char arch[64];
+#if defined(MLAGEN_NVIDIA)
+  int major = 0, minor = 0;
+  e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
   if (e != cudaSuccess) return fail(MLAGEN_ERR_DEVICE, "no usable GPU: %s", cudaGetErrorString(e));
-  char arch[32];
   std::snprintf(arch, sizeof(arch), "sm%d%d", major, minor);
+  // sm_90a code runs on compute capability 9.0 only (arch-specific features).
   if (!std::strcmp(MLAGEN_BUILD_ARCH, "sm90a") && major == 9 && minor == 0) return MLAGEN_OK;
+#else
+  hipDeviceProp_t prop;
+  e = hipGetDeviceProperties(&prop, dev);
+  if (e != hipSuccess) return fail(MLAGEN_ERR_DEVICE, "no usable GPU: %s", hipGetErrorString(e));
+  std::snprintf(arch, sizeof(arch), "%s", prop.gcnArchName);  // e.g. "gfx950:sramecc+:xnack-"
+  if (char* colon = std::strchr(arch, ':')) *colon = 0;
+  if (!std::strcmp(MLAGEN_BUILD_ARCH, arch)) return MLAGEN_OK;
+#endif
   return fail(MLAGEN_ERR_DEVICE, "this GPU is %s (device %d); this mlagen library was built for %s only: rebuild with "
               "ARCH=<your arch>", arch, dev, MLAGEN_BUILD_ARCH);
 }

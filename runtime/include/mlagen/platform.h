@@ -2,7 +2,7 @@
 // the NVIDIA compiler builds it. On a ROCm/clang HIP build they are HIP's own.
 #pragma once
 
-#if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__) && !defined(__CUDACC__)
+#if defined(__HIP__) || defined(__HIP_PLATFORM_AMD__)
   #define MLAGEN_AMD 1
   #if !defined(MLAGEN_NO_HIP_RUNTIME_HEADERS)
     #include <hip/hip_runtime.h>
@@ -19,6 +19,10 @@
   #define hipGetLastError cudaGetLastError
   #define hipGetErrorString cudaGetErrorString
   #define hipFuncSetAttribute(f, a, v) cudaFuncSetAttribute(f, a, v)
+  #define hipMemcpyAsync cudaMemcpyAsync
+  #define hipMemsetAsync cudaMemsetAsync
+  #define hipStreamSynchronize cudaStreamSynchronize
+  #define hipMemcpyDeviceToHost cudaMemcpyDeviceToHost
   #define hipFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
   #define hipGetDevice cudaGetDevice
   #define hipDeviceGetAttribute cudaDeviceGetAttribute

@@ -2,13 +2,12 @@
 // (already validated by the dispatcher) and launches decode (+ combine when split).
 #pragma once
 #include "mlagen/internal.h"
-#include "mlagen/device/mla_decode.cuh"
+#include "mlagen/device/mla_decode.cuh"       // NVIDIA: mma.sync kernel
+#include "mlagen/device/mla_decode_gfx9.cuh"  // AMD: MFMA kernel
 
 namespace mlagen::device {
 
-#if defined(MLAGEN_NVIDIA)
-template <class T, class Shape>
-mlagen_status launch_mla_decode(const mlagen_problem* pr, int32_t splits) {
+inline Params make_params(const mlagen_problem* pr, int32_t splits) {
   const WorkspaceLayout ws = workspace_layout(pr->batch, splits);
   auto* base = static_cast<uint8_t*>(pr->workspace);
   Params p{};
@@ -31,22 +30,34 @@ mlagen_status launch_mla_decode(const mlagen_problem* pr, int32_t splits) {
   p.total_q = pr->total_q;
   p.total_kv = pr->total_kv;
   p.sm_scale = pr->sm_scale;
+  return p;
+}
 
-  auto* kernel = &mla_decode_kernel<T, Shape>;
-  // The dynamic shared-memory limit is a per-device function attribute: set it once a device.
+// The dynamic shared-memory limit is a per-device function attribute: set it once a device.
+template <class Kernel>
+mlagen_status ensure_smem_limit(Kernel* kernel, int bytes) {
   static uint64_t configured = 0;  // bit d: device d done (benign race: setting twice is harmless)
   int dev = 0;
-  cudaGetDevice(&dev);
-  if (dev >= 64 || !(__atomic_load_n(&configured, __ATOMIC_RELAXED) >> dev & 1)) {
-    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
-    if (e != cudaSuccess)
-      return fail(MLAGEN_ERR_DEVICE, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize=%d): %s", T::kSmemBytes,
-                  cudaGetErrorString(e));
-    if (dev < 64) __atomic_fetch_or(&configured, uint64_t{1} << dev, __ATOMIC_RELAXED);
-  }
-  const auto stream = static_cast<cudaStream_t>(pr->stream);
-  kernel<<<dim3(splits, pr->batch), T::kThreads, T::kSmemBytes, stream>>>(p);
+  if (hipGetDevice(&dev) != hipSuccess) dev = 64;  // unknown device: set the attribute every time
+  if (dev < 64 && (__atomic_load_n(&configured, __ATOMIC_RELAXED) >> dev & 1)) return MLAGEN_OK;
+  const hipError_t e = hipFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                           hipFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (e != hipSuccess)
+    return fail(MLAGEN_ERR_DEVICE, "FuncSetAttribute(MaxDynamicSharedMemorySize=%d): %s", bytes, hipGetErrorString(e));
+  if (dev < 64) __atomic_fetch_or(&configured, uint64_t{1} << dev, __ATOMIC_RELAXED);
+  return MLAGEN_OK;
+}
+
+template <class T, class Shape>
+mlagen_status launch_mla_decode(const mlagen_problem* pr, int32_t splits) {
+  const Params p = make_params(pr, splits);
+  auto* kernel = &mla_decode_kernel<T, Shape>;
+  const mlagen_status st = ensure_smem_limit(kernel, T::kSmemBytes);
+  if (st != MLAGEN_OK) return st;
+  const auto stream = static_cast<hipStream_t>(pr->stream);
+  hipLaunchKernelGGL(kernel, dim3(splits, pr->batch), dim3(T::kThreads), T::kSmemBytes, stream, p);
   if (splits > 1) {
+#if defined(MLAGEN_NVIDIA)
     // Programmatic dependent launch: the combine grid is launched while the decode grid
     // still runs and waits on the device (griddepcontrol.wait) for its results, which
     // hides the launch gap between the two kernels.
@@ -62,11 +73,13 @@ mlagen_status launch_mla_decode(const mlagen_problem* pr, int32_t splits) {
     cfg.numAttrs = 1;
     const cudaError_t le = cudaLaunchKernelEx(&cfg, &mla_combine_kernel<Shape>, p);
     if (le != cudaSuccess) return fail(MLAGEN_ERR_DEVICE, "combine launch failed: %s", cudaGetErrorString(le));
+#else
+    hipLaunchKernelGGL(mla_combine_kernel<Shape>, dim3(pr->batch * kHeads), dim3(128), 0, stream, p);
+#endif
   }
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) return fail(MLAGEN_ERR_DEVICE, "kernel launch failed: %s", cudaGetErrorString(e));
+  const hipError_t e = hipGetLastError();
+  if (e != hipSuccess) return fail(MLAGEN_ERR_DEVICE, "kernel launch failed: %s", hipGetErrorString(e));
   return MLAGEN_OK;
 }
-#endif
 
 }  // namespace mlagen::device

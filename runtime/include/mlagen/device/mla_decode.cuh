@@ -19,10 +19,9 @@
 #include "mlagen/platform.h"
 #include "mlagen/device/shapes.cuh"
 
-#if defined(MLAGEN_NVIDIA)
-#include "mlagen/device/sm90_ops.cuh"
-#endif
+#include "mlagen/device/mla_common.cuh"
 
+#if defined(MLAGEN_NVIDIA)
 namespace mlagen::device {
 
 template <int kBlockN_, int kStages_>
@@ -46,8 +45,6 @@ struct Tiling {
   static_assert(kChunksPerRow % kWarps == 0, "QK dims must divide over the warps");
 };
 
-#if defined(MLAGEN_NVIDIA)
-
 template <class T, class Shape>
 __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
 mla_decode_kernel(const Params p) {
@@ -60,19 +57,15 @@ mla_decode_kernel(const Params p) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane >> 2, t = lane & 3;
   const int b = blockIdx.y, split = blockIdx.x;
-  sm90::allow_dependent_launch();  // the combine grid may start now; it waits for our results
+  allow_dependent_launch();  // the combine grid may start now; it waits for our results
   const int splits = Shape::splits(p);
 
   const Sequence seq = Shape::sequence(p, b);
-  const int tiles_total = (seq.len + BN - 1) / BN;
-  const int tiles_per_split = (tiles_total + splits - 1) / splits;
-  const int tile_begin = min(tiles_total, split * tiles_per_split);
-  const int ntiles = min(tiles_total, tile_begin + tiles_per_split) - tile_begin;
-  const int tok_begin = tile_begin * BN;
-  const int tok_end = min(seq.len, tok_begin + ntiles * BN);
+  const SplitRange range = split_range(seq.len, split, splits, BN);
+  const int ntiles = range.ntiles, tok_begin = range.tok_begin, tok_end = range.tok_end;
   const uint8_t* kv = p.kv + seq.kv_begin * p.kv_stride_token;
   const float kv_scale = *p.kv_scale;
-  const float s_scale = kv_scale * kKDecodeScale * p.sm_scale * 1.4426950408889634f;  // log2 domain
+  const float s_scale = kv_scale * kKDecodeScale * p.sm_scale * kLog2e;  // log2 domain
   const float o_scale = kv_scale * kVDecodeScale;  // per decoded V unit
 
   // Q as f16 A fragments for this warp's 144 dims. The k order inside each 16-dim chunk
@@ -178,9 +171,7 @@ mla_decode_kernel(const Params p) {
     for (int r = 0; r < 2; ++r) {
       mx[r] = fmaxf(mx[r], __shfl_xor(mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor(mx[r], 2));
-      const float m_new = fmaxf(m[r], mx[r]);  // finite: every tile has a valid column
-      alpha[r] = fast_exp2(m[r] - m_new);
-      m[r] = m_new;
+      alpha[r] = online_max_update(m[r], mx[r]);
     }
 #pragma unroll
     for (int j = 0; j < NT; ++j)
@@ -235,7 +226,7 @@ mla_decode_kernel(const Params p) {
   if (splits == 1) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float inv = seq.bad ? __int_as_float(0x7fc00000) : (l[r] > 0.f ? o_scale / l[r] : 0.f);
+      const float inv = out_scale(l[r], o_scale, seq.bad);
       uint16_t* out = p.out + seq.q_row * p.out_stride_token + (g + 8 * r) * p.out_stride_head;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -261,40 +252,10 @@ mla_decode_kernel(const Params p) {
             make_float4(o[i][0][2 * r + 1], o[i][1][2 * r + 1], o[i][2][2 * r + 1], o[i][3][2 * r + 1]);
       }
       if (warp == 0 && t == 0)
-        p.part_ml[slot * kHeads + g + 8 * r] = make_float2(m[r], seq.bad ? __int_as_float(0x7fc00000) : l[r]);
+        p.part_ml[slot * kHeads + g + 8 * r] = split_state(m[r], l[r], seq.bad);
     }
   }
 }
-
-// Merges the splits of one (sequence, head): out = sum_s w_s O_s / sum_s w_s l_s with
-// w_s = 2^(m_s - max m). 128 threads x 4 dims; grid = batch * 16.
-template <class Shape>
-__global__ void __launch_bounds__(128) mla_combine_kernel(const Params p) {
-  const int b = blockIdx.x / kHeads, h = blockIdx.x % kHeads;
-  sm90::wait_for_prior_grid();  // the decode grid's partials are complete and visible
-  const int splits = Shape::splits(p);
-  const int64_t slot0 = static_cast<int64_t>(b) * splits;
-  const int q_row = Shape::q_row(p, b);
-  float mmax = -INFINITY;
-  for (int s = 0; s < splits; ++s) mmax = fmaxf(mmax, p.part_ml[(slot0 + s) * kHeads + h].x);
-  float lsum = 0.f;
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  if (mmax != -INFINITY) {
-    for (int s = 0; s < splits; ++s) {
-      const float2 ml = p.part_ml[(slot0 + s) * kHeads + h];
-      const float w = sm90::fast_exp2(ml.x - mmax);
-      lsum += w * ml.y;
-      const float4 v = reinterpret_cast<const float4*>(p.part_o + ((slot0 + s) * kHeads + h) * kVDim)[threadIdx.x];
-      acc.x += w * v.x; acc.y += w * v.y; acc.z += w * v.z; acc.w += w * v.w;
-    }
-  }
-  const float inv = lsum != lsum ? lsum : (lsum > 0.f ? *p.kv_scale * sm90::kVDecodeScale / lsum : 0.f);  // NaN stays NaN
-  uint2 v;
-  v.x = pack_bf16x2(acc.x * inv, acc.y * inv);
-  v.y = pack_bf16x2(acc.z * inv, acc.w * inv);
-  *reinterpret_cast<uint2*>(p.out + q_row * p.out_stride_token + h * p.out_stride_head + 4 * threadIdx.x) = v;
-}
-
-#endif  // MLAGEN_NVIDIA
 
 }  // namespace mlagen::device
+#endif  // MLAGEN_NVIDIA

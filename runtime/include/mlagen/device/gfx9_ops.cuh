@@ -1,0 +1,101 @@
+// AMD CDNA3/CDNA4 (gfx942 = MI300X, gfx950 = MI355X) building blocks: MFMA, fp8 decode,
+// byte permutes. Wavefronts are 64 lanes (MLAGEN_WARP_SIZE). MFMA 16x16 operand layouts,
+// lane l = i + 16*j (i = l%16, j = l/16):
+//   16x16x16 f16:  A[i][4j..4j+3]   B[4j..4j+3][i]   C/D[4j+r][i], r = 0..3
+//   16x16x32 f16:  A[i][8j..8j+7]   B[8j..8j+7][i]   C/D[4j+r][i]            (gfx950)
+#pragma once
+#include "mlagen/platform.h"
+
+#if !defined(MLAGEN_AMD)
+#error "gfx9_ops.cuh is the AMD path"
+#endif
+
+namespace mlagen::device::gfx9 {
+
+typedef _Float16 f16x4 __attribute__((ext_vector_type(4)));
+typedef _Float16 f16x8 __attribute__((ext_vector_type(8)));
+typedef float f32x4 __attribute__((ext_vector_type(4)));
+
+// LDS a workgroup may use. The host pass (no arch macro) takes the smaller limit.
+#if defined(__gfx950__)
+constexpr int kLdsBytes = 160 * 1024;
+#else
+constexpr int kLdsBytes = 64 * 1024;
+#endif
+
+// The fp8 decode below is exact (every e4m3 value is an f16): no correction factor.
+constexpr float kKDecodeScale = 1.f;
+constexpr float kVDecodeScale = 1.f;
+
+MLAGEN_DEVICE float fast_exp2(float x) { return __builtin_exp2f(x); }
+// No programmatic dependent launch on AMD: the combine kernel is stream-ordered.
+MLAGEN_DEVICE void allow_dependent_launch() {}
+MLAGEN_DEVICE void wait_for_prior_grid() {}
+
+// PTX prmt semantics (result byte k = byte sel_k of {y:x}, 0-3 from x, 4-7 from y) on
+// v_perm_b32, whose operand order is the other way round.
+MLAGEN_DEVICE uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t sel) {
+#if defined(__HIP_DEVICE_COMPILE__)
+  return __builtin_amdgcn_perm(y, x, sel);
+#else
+  return 0;
+#endif
+}
+
+// Four fp8 bytes [b3 b2 b1 b0] -> f16 (b0, b1, b2, b3). __builtin_amdgcn_cvt_f32_fp8
+// decodes the arch's fp8 flavour: e4m3fnuz on gfx942, OCP e4m3fn on gfx950; the catalog
+// pairs each arch with its flavour. f32 -> f16 is exact for every fp8 value.
+MLAGEN_DEVICE f16x4 fp8x4_to_f16x4(uint32_t w) {
+#if defined(__HIP_DEVICE_COMPILE__)
+  const int v = static_cast<int>(w);
+  f16x4 r = {static_cast<_Float16>(__builtin_amdgcn_cvt_f32_fp8(v, 0)),
+             static_cast<_Float16>(__builtin_amdgcn_cvt_f32_fp8(v, 1)),
+             static_cast<_Float16>(__builtin_amdgcn_cvt_f32_fp8(v, 2)),
+             static_cast<_Float16>(__builtin_amdgcn_cvt_f32_fp8(v, 3))};
+  return r;
+#else
+  (void)w;
+  return f16x4{};
+#endif
+}
+
+MLAGEN_DEVICE f16x4 f32x4_to_f16x4(float a, float b, float c, float d) {
+  f16x4 r = {static_cast<_Float16>(a), static_cast<_Float16>(b), static_cast<_Float16>(c),
+             static_cast<_Float16>(d)};
+  return r;
+}
+
+// D += A B over k = 16: one v_mfma_f32_16x16x16_f16.
+MLAGEN_DEVICE void mfma_k16(f32x4& d, f16x4 a, f16x4 b) {
+#if defined(__HIP_DEVICE_COMPILE__)
+  d = __builtin_amdgcn_mfma_f32_16x16x16f16(a, b, d, 0, 0, 0);
+#endif
+}
+
+// D += A B over k = 32 given as two k = 16 halves (slot 8j+e, e < 4, is the low half's
+// slot 4j+e; e >= 4 the high half's 4j+e-4): one v_mfma_f32_16x16x32_f16 on gfx950,
+// two 16x16x16 on gfx942. Both sum the same 32 products.
+MLAGEN_DEVICE void mfma_k32(f32x4& d, f16x4 a_lo, f16x4 a_hi, f16x4 b_lo, f16x4 b_hi) {
+#if defined(__gfx950__)
+  const f16x8 a = {a_lo[0], a_lo[1], a_lo[2], a_lo[3], a_hi[0], a_hi[1], a_hi[2], a_hi[3]};
+  const f16x8 b = {b_lo[0], b_lo[1], b_lo[2], b_lo[3], b_hi[0], b_hi[1], b_hi[2], b_hi[3]};
+  d = __builtin_amdgcn_mfma_f32_16x16x32_f16(a, b, d, 0, 0, 0);
+#else
+  mfma_k16(d, a_lo, b_lo);
+  mfma_k16(d, a_hi, b_hi);
+#endif
+}
+
+MLAGEN_DEVICE uint32_t lds32(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+// 4x4 byte transpose: out[u] = bytes u of w[0..3], w[0] in the low byte.
+MLAGEN_DEVICE void transpose4x4(const uint32_t (&w)[4], uint32_t (&out)[4]) {
+  const uint32_t lo01 = byte_perm(w[0], w[1], 0x5140), lo23 = byte_perm(w[2], w[3], 0x5140);
+  const uint32_t hi01 = byte_perm(w[0], w[1], 0x7362), hi23 = byte_perm(w[2], w[3], 0x7362);
+  out[0] = byte_perm(lo01, lo23, 0x5410);
+  out[1] = byte_perm(lo01, lo23, 0x7632);
+  out[2] = byte_perm(hi01, hi23, 0x5410);
+  out[3] = byte_perm(hi01, hi23, 0x7632);
+}
+
+}  // namespace mlagen::device::gfx9

@@ -1,0 +1,90 @@
+// The vendor-neutral half of the MLA decode math: how a sequence is split, the online
+// softmax step, the split-state encoding and the combine kernel. The vendor kernels
+// (mla_decode.cuh for NVIDIA mma.sync, mla_decode_gfx9.cuh for AMD MFMA) move data and
+// drive the matrix units; every formula they share lives here, once.
+#pragma once
+#include "mlagen/platform.h"
+#include "mlagen/device/shapes.cuh"
+
+#if defined(MLAGEN_NVIDIA)
+#include "mlagen/device/sm90_ops.cuh"
+#else
+#include "mlagen/device/gfx9_ops.cuh"
+#endif
+
+namespace mlagen::device {
+
+#if defined(MLAGEN_NVIDIA)
+using namespace sm90;
+#else
+using namespace gfx9;
+#endif
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Split `split` of `splits` over a sequence of seq_len tokens, in whole tiles of block_n.
+struct SplitRange {
+  int ntiles;     // tiles this split streams (0 for an empty split)
+  int tok_begin;  // first token, relative to the sequence
+  int tok_end;    // one past the last token
+};
+MLAGEN_DEVICE SplitRange split_range(int seq_len, int split, int splits, int block_n) {
+  const int tiles_total = (seq_len + block_n - 1) / block_n;
+  const int tiles_per_split = (tiles_total + splits - 1) / splits;
+  const int tile_begin = min(tiles_total, split * tiles_per_split);
+  const int ntiles = min(tiles_total, tile_begin + tiles_per_split) - tile_begin;
+  const int tok_begin = tile_begin * block_n;
+  return SplitRange{ntiles, tok_begin, min(seq_len, tok_begin + ntiles * block_n)};
+}
+
+// One row's online-softmax step in the log2 domain: m is the running max, mx this tile's
+// row max (finite: every tile has a valid token). Returns the factor exp2(m_old - m_new)
+// that rescales what was accumulated so far (0 on the first tile, where m_old = -inf).
+MLAGEN_DEVICE float online_max_update(float& m, float mx) {
+  const float m_new = fmaxf(m, mx);
+  const float alpha = fast_exp2(m - m_new);
+  m = m_new;
+  return alpha;
+}
+
+MLAGEN_DEVICE float quiet_nan() { return __int_as_float(0x7fc00000); }
+
+// Final scale of an unnormalized output row: o_scale / l; an empty sequence gives 0 and a
+// sequence whose indptr was flagged gives NaN.
+MLAGEN_DEVICE float out_scale(float l, float o_scale, bool bad) {
+  return bad ? quiet_nan() : (l > 0.f ? o_scale / l : 0.f);
+}
+
+// What a split leaves for the combine: (running max, running sum); NaN sum when flagged.
+MLAGEN_DEVICE float2 split_state(float m, float l, bool bad) { return make_float2(m, bad ? quiet_nan() : l); }
+
+// Merges the splits of one (sequence, head): out = sum_s w_s O_s / sum_s w_s l_s with
+// w_s = 2^(m_s - max m). 128 threads x 4 dims; grid = batch * 16.
+template <class Shape>
+__global__ void __launch_bounds__(128) mla_combine_kernel(const Params p) {
+  const int b = blockIdx.x / kHeads, h = blockIdx.x % kHeads;
+  wait_for_prior_grid();  // the decode grid's partials are complete and visible
+  const int splits = Shape::splits(p);
+  const int64_t slot0 = static_cast<int64_t>(b) * splits;
+  const int64_t q_row = Shape::q_row(p, b);
+  float mmax = -INFINITY;
+  for (int s = 0; s < splits; ++s) mmax = fmaxf(mmax, p.part_ml[(slot0 + s) * kHeads + h].x);
+  float lsum = 0.f;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (mmax != -INFINITY) {
+    for (int s = 0; s < splits; ++s) {
+      const float2 ml = p.part_ml[(slot0 + s) * kHeads + h];
+      const float w = fast_exp2(ml.x - mmax);
+      lsum += w * ml.y;
+      const float4 v = reinterpret_cast<const float4*>(p.part_o + ((slot0 + s) * kHeads + h) * kVDim)[threadIdx.x];
+      acc.x += w * v.x; acc.y += w * v.y; acc.z += w * v.z; acc.w += w * v.w;
+    }
+  }
+  const float inv = lsum != lsum ? lsum : (lsum > 0.f ? *p.kv_scale * kVDecodeScale / lsum : 0.f);  // NaN stays NaN
+  uint2 v;
+  v.x = pack_bf16x2(acc.x * inv, acc.y * inv);
+  v.y = pack_bf16x2(acc.z * inv, acc.w * inv);
+  *reinterpret_cast<uint2*>(p.out + q_row * p.out_stride_token + h * p.out_stride_head + 4 * threadIdx.x) = v;
+}
+
+}  // namespace mlagen::device
