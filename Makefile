@@ -8,7 +8,7 @@ JOBS ?= $(shell nproc)
 export MLAGEN_LIBRARY ?= $(abspath $(BUILD)/libmlagen.so)
 export PYTHONPATH := $(abspath runtime/python):$(abspath .):$(PYTHONPATH)
 
-.PHONY: tune all generate check-generated list build test test-cpu test-gpu bench sanitize clean bundle leaderboard-test leaderboard-bench
+.PHONY: tune all generate check-generated list build test test-cpu test-gpu bench sanitize clean bundle leaderboard-test leaderboard-bench check-amd lib-amd bundle-amd
 
 all: build
 
@@ -58,6 +58,26 @@ leaderboard-test: bundle
 
 leaderboard-bench: bundle
 	$(PYTHON) -m tests.leaderboard.harness dist/submission.py --mode benchmark --seed-peer --json dist/leaderboard-bench.json
+
+# AMD: compile-check every generated gfx942/gfx950 kernel and inspect its assembly (MFMA
+# present, no spills); toolchains: Debian clang-19 (gfx942) and clang-21 in a sid chroot.
+check-amd:
+	tools/amd/setup_toolchains.sh
+	$(PYTHON) tools/amd/check_amd.py --sources generated --out build/amd-check
+
+# The gfx950 fat library without ROCm, through the sid chroot (clang-21 + libamdhip64).
+# On a ROCm machine use `make build ARCH=gfx950` (CMake's HIP language) instead.
+lib-amd:
+	@case "$(ARCH)" in gfx950) ;; *) echo "lib-amd: ARCH=gfx950 (the chroot route links gfx950)"; exit 2 ;; esac
+	tools/amd/setup_toolchains.sh
+	mkdir -p build/$(ARCH) && cp runtime/src/runtime.cpp build/$(ARCH)/runtime.hip
+	tools/amd/link_gfx950.sh --dlopen-check -o build/$(ARCH)/libmlagen.so \
+	  -DMLAGEN_BUILD_ARCH='"$(ARCH)"' -DMLAGEN_BUILD_$(shell echo $(ARCH) | tr a-z A-Z)=1 \
+	  build/$(ARCH)/runtime.hip $(sort $(wildcard generated/mla_decode_$(ARCH)_*.hip))
+
+# dist/submission_$(ARCH).py from the chroot-built AMD library
+bundle-amd: lib-amd
+	$(PYTHON) tools/bundle.py --lib build/$(ARCH)/libmlagen.so --arch $(ARCH) --kv-format $(KV_FORMAT) --out dist/submission_$(ARCH).py
 
 clean:
 	rm -rf build dist

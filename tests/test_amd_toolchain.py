@@ -164,6 +164,9 @@ def test_failing_kernel_fails(tmp_path):
     (src / "mla_decode_gfx942_nomfma.hip").write_text(
         '#include "mlagen/platform.h"\n'
         'extern "C" __global__ void k_nomfma(float* p) { p[threadIdx.x] = __shfl_xor(p[threadIdx.x], 1); }\n')
+    (src / "mla_decode_gfx942_combine.hip").write_text(       # exempt from the MFMA rule by name
+        '#include "mlagen/platform.h"\n'
+        'extern "C" __global__ void my_combine_kernel(float* p) { p[threadIdx.x] *= 2.0f; }\n')
     (src / "mla_decode_gfx942_broken.hip").write_text(
         '#include "mlagen/platform.h"\nextern "C" __global__ void k_broken(float* p) { p[0] = nope; }\n')
     r, report = _run_check(["--sources", str(src), "--archs", "gfx942"], tmp_path)
@@ -174,6 +177,7 @@ def test_failing_kernel_fails(tmp_path):
     nomfma = by["mla_decode_gfx942_nomfma.hip"]
     assert nomfma["compile_ok"] and not nomfma["ok"]
     assert "0 MFMA instructions" in nomfma["kernels"][0]["failures"][0]
+    assert by["mla_decode_gfx942_combine.hip"]["ok"]
 
 
 def test_gfx950_shared_library_links(tmp_path):

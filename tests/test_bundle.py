@@ -135,3 +135,28 @@ def test_reproducible(bundle, tmp_path):
     _build(lib, again)
     with open(again, encoding="utf-8") as f:
         assert f.read() == text
+
+
+AMD_LIB = os.path.join(ROOT, "build", "gfx950", "libmlagen.so")
+
+
+def test_mi355x_bundle_from_the_gfx950_library(tmp_path):
+    """`make bundle-amd ARCH=gfx950` output: the MI355X submission carries the gfx950
+    library (checked statically here: it needs libamdhip64 to load)."""
+    if not os.path.exists(AMD_LIB):
+        pytest.skip(f"no gfx950 library ({AMD_LIB} missing; `make lib-amd ARCH=gfx950` builds it)")
+    out = str(tmp_path / "submission_gfx950.py")
+    _build(AMD_LIB, out, "gfx950")
+    with open(out, encoding="utf-8") as f:
+        text = f.read()
+    assert text.splitlines()[:3] == ["#!POPCORN leaderboard amd-mixed-mla", "#!POPCORN gpu MI355X",
+                                     "from task import input_t, output_t"]
+    compile(text, out, "exec")
+    c = _constants(ast.parse(text))
+    packed = base64.b64decode(c["_LIB_PAYLOAD"])
+    unpacked = lzma.decompress(packed) if c["_COMPRESSION"] == "lzma" else zlib.decompress(packed)
+    with open(AMD_LIB, "rb") as f:
+        assert unpacked == f.read()
+    assert c["_ARCH"] == "gfx950"
+    r = _build(AMD_LIB, str(tmp_path / "x.py"), "sm90a", check=False)
+    assert r.returncode != 0  # the arch string is checked even without loading

@@ -24,6 +24,7 @@ import argparse
 import base64
 import ctypes
 import hashlib
+import json
 import lzma
 import os
 import subprocess
@@ -236,9 +237,34 @@ def read_binding(binding_dir: str = BINDING_DIR, package: str = PACKAGE) -> dict
     return sources
 
 
-def inspect_library(path: str) -> dict:
+def inspect_library_static(path: str, arch: str) -> dict:
+    """For a library this machine cannot load (an AMD build needs libamdhip64, which lives
+    in the toolchain chroot): check its bytes for the exported ABI names, the arch string
+    and the fingerprint of the generated/ it was built from."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    for name in (b"mlagen_build_archs", b"mlagen_fingerprint", b"mlagen_check_device", b"mlagen_decode_ptrs",
+                 b"mlagen_select"):
+        if name not in raw:
+            raise SystemExit(f"bundle: {path} does not export {name.decode()}")
+    if arch.encode() + b"\0" not in raw:
+        raise SystemExit(f"bundle: {path} has no build arch string {arch!r}")
+    manifest = os.path.join(REPO, "generated", "manifest.json")
+    fp = json.load(open(manifest))["fingerprint"] if os.path.exists(manifest) else ""
+    if fp and fp.encode() not in raw:
+        raise SystemExit(f"bundle: {path} was not built from this generated/ (fingerprint {fp} missing)")
+    return {"arch": arch, "fingerprint": fp, "num_kernels": -1, "inspected": "static (not loadable here)"}
+
+
+def inspect_library(path: str, arch: str | None = None) -> dict:
     """Load the library (no GPU needed) and read its build arch, fingerprint, kernel count."""
-    L = ctypes.CDLL(os.path.abspath(path))
+    try:
+        L = ctypes.CDLL(os.path.abspath(path))
+    except OSError as e:
+        if arch and arch.startswith("gfx"):
+            print(f"bundle: cannot load {path} here ({e}); checking it statically")
+            return inspect_library_static(path, arch)
+        raise
     for name in ("mlagen_build_archs", "mlagen_fingerprint"):
         getattr(L, name).restype = ctypes.c_char_p
         getattr(L, name).argtypes = []
@@ -272,7 +298,7 @@ def build(lib_path: str, arch: str, kv_format: str = "fp8", compression: str = "
     with open(lib_path, "rb") as f:
         raw = f.read()
     if check_lib:
-        meta = inspect_library(lib_path)
+        meta = inspect_library(lib_path, arch)
         if meta["arch"] != arch:
             raise SystemExit(f"bundle: {lib_path} was built for {meta['arch']}, not --arch {arch}")
     else:

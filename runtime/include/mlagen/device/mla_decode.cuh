@@ -54,7 +54,9 @@ mla_decode_kernel(const Params p) {
   const uint32_t smem_kv = smem_addr(smem);
   float4* red = reinterpret_cast<float4*>(smem + ST * T::kStageBytes);
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  constexpr int W = MLAGEN_WARP_SIZE;  // 32 on NVIDIA; the fragment maps below assume it
+  static_assert(W == 32, "mma.sync fragments are defined for 32-lane warps");
+  const int warp = threadIdx.x / W, lane = threadIdx.x % W;
   const int g = lane >> 2, t = lane & 3;
   const int b = blockIdx.y, split = blockIdx.x;
   allow_dependent_launch();  // the combine grid may start now; it waits for our results
@@ -131,7 +133,7 @@ mla_decode_kernel(const Params p) {
 #pragma unroll
       for (int jj = 0; jj < NT / 4; ++jj) {
         uint32_t r[4];  // r[i] = K[token 8(4jj+i)+g][kbyte + 4t .. +3]
-        ldmatrix_x4(r, stage + (jj * 32 + lane) * T::kRowBytes + kbyte);
+        ldmatrix_x4(r, stage + (jj * W + lane) * T::kRowBytes + kbyte);  // rows 8(4jj+i)+g
 #pragma unroll
         for (int i = 0; i < 4; ++i)
           mma_f16_16816(s[jj * 4 + i], qf[c], k_lo_to_f16x2(r[i]), k_hi_to_f16x2(r[i]));
@@ -141,14 +143,14 @@ mla_decode_kernel(const Params p) {
     // ---- sum the 4 warps' partials: same fragment layout in every warp ------------------
 #pragma unroll
     for (int j = 0; j < NT; ++j)
-      red[(warp * NT + j) * 32 + lane] = make_float4(s[j][0], s[j][1], s[j][2], s[j][3]);
+      red[(warp * NT + j) * W + lane] = make_float4(s[j][0], s[j][1], s[j][2], s[j][3]);
     __syncthreads();
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
-      float4 a = red[j * 32 + lane];
+      float4 a = red[j * W + lane];
 #pragma unroll
       for (int w = 1; w < T::kWarps; ++w) {
-        const float4 v = red[(w * NT + j) * 32 + lane];
+        const float4 v = red[(w * NT + j) * W + lane];
         a.x += v.x; a.y += v.y; a.z += v.z; a.w += v.w;
       }
       s[j][0] = a.x; s[j][1] = a.y; s[j][2] = a.z; s[j][3] = a.w;
