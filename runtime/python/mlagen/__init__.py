@@ -33,6 +33,16 @@ def _torch():
     return _torch_mod
 
 
+def _get_raw_stream(device_index: int) -> int:
+    global _get_raw_stream
+    torch = _torch()
+    fast = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if fast is not None:
+        _get_raw_stream = fast  # rebind: later calls go straight to torch's accessor
+        return fast(device_index)
+    return torch.cuda.current_stream(device_index).cuda_stream
+
+
 def _raw_stream(device_index: int) -> int:
     """The current stream's handle; torch's raw accessor when it has one (much cheaper
     than torch.cuda.current_stream(), which builds a Python object)."""
@@ -93,12 +103,12 @@ class Plan:
 
 
 _plans: dict = {}
-_last = {"info": None}
+_last_plan = None
 
 
 def last_kernel() -> dict | None:
     """The kernel the most recent decode() ran (name, generic, splits, ...)."""
-    return _last["info"]
+    return _last_plan.info if _last_plan is not None else None
 
 
 def _unpack_kv(kv_data, kv_format: str):
@@ -199,6 +209,7 @@ def decode(q, kv_data, qo_indptr, kv_indptr, config: dict, *, kv_format: str = "
     output and passes six pointers to the library: everything else happened when the
     plan for this shape was made.
     """
+    global _last_plan
     kv, kv_scale = kv_data[kv_format] if kv_data.__class__ is dict and kv_format in kv_data else \
         _unpack_kv(kv_data, kv_format)
     key = (q.shape, q.stride(), q.dtype, q.get_device(), kv.shape, kv.stride(), kv.dtype, kv_scale.dtype,
@@ -209,12 +220,16 @@ def decode(q, kv_data, qo_indptr, kv_indptr, config: dict, *, kv_format: str = "
         plan = prepare(q, kv, kv_scale, qo_indptr, kv_indptr, config, force_generic=force_generic, splits=splits,
                        kernel=kernel)
         _plans[key] = plan
+    torch = _torch_mod
     if out is None:
-        out = _torch_mod.empty(plan.out_shape, dtype=_torch_mod.bfloat16, device=plan.device)
-    elif (out.dtype != _torch_mod.bfloat16 or out.shape != plan.out_shape or not out.is_contiguous()):
+        out = torch.empty(plan.out_shape, dtype=torch.bfloat16, device=plan.device)
+    elif (out.dtype != torch.bfloat16 or out.shape != plan.out_shape or not out.is_contiguous()):
         raise MlagenError(1, f"out: {out.dtype} {tuple(out.shape)}: expected contiguous bf16 {plan.out_shape}")
-    plan.run(q, kv, kv_scale, qo_indptr, kv_indptr, out, _raw_stream(plan.device_index))
-    _last["info"] = plan.info
+    status = plan._run(plan._pp, q.data_ptr(), kv.data_ptr(), kv_scale.data_ptr(), qo_indptr.data_ptr(),
+                       kv_indptr.data_ptr(), out.data_ptr(), _get_raw_stream(plan.device_index))
+    if status:
+        raise_for(status)
+    _last_plan = plan
     return out
 
 

@@ -33,10 +33,12 @@ inline Params make_params(const mlagen_problem* pr, int32_t splits) {
   return p;
 }
 
-// The dynamic shared-memory limit is a per-device function attribute: set it once a device.
+// The dynamic shared-memory limit is a per-device function attribute: set it once per
+// kernel and device. `configured` must belong to one kernel (every kernel has the same
+// function type, so a static inside a template on the type would be shared).
 template <class Kernel>
-mlagen_status ensure_smem_limit(Kernel* kernel, int bytes) {
-  static uint64_t configured = 0;  // bit d: device d done (benign race: setting twice is harmless)
+mlagen_status ensure_smem_limit(Kernel* kernel, int bytes, uint64_t& configured) {
+  // bit d: device d done (benign race: setting the attribute twice is harmless)
   int dev = 0;
   if (hipGetDevice(&dev) != hipSuccess) dev = 64;  // unknown device: set the attribute every time
   if (dev < 64 && (__atomic_load_n(&configured, __ATOMIC_RELAXED) >> dev & 1)) return MLAGEN_OK;
@@ -52,7 +54,8 @@ template <class T, class Shape>
 mlagen_status launch_mla_decode(const mlagen_problem* pr, int32_t splits) {
   const Params p = make_params(pr, splits);
   auto* kernel = &mla_decode_kernel<T, Shape>;
-  const mlagen_status st = ensure_smem_limit(kernel, T::kSmemBytes);
+  static uint64_t smem_configured = 0;  // one per (tiling, shape) instantiation = one per kernel
+  const mlagen_status st = ensure_smem_limit(kernel, T::kSmemBytes, smem_configured);
   if (st != MLAGEN_OK) return st;
   const auto stream = static_cast<hipStream_t>(pr->stream);
   hipLaunchKernelGGL(kernel, dim3(splits, pr->batch), dim3(T::kThreads), T::kSmemBytes, stream, p);
