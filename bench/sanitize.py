@@ -217,6 +217,8 @@ def main(argv=None) -> int:
         child_res = parsed.get("child")
         child_ok = bool(child_res and child_res.get("ok"))
         errors = parsed.get("errors")
+        if errors is None and tool == "racecheck" and "race_errors" in parsed:
+            errors = parsed["race_errors"]  # racecheck ends with RACECHECK SUMMARY, not ERROR SUMMARY
         if tool == "plain":
             ok = rc == 0 and child_ok
         else:

@@ -22,6 +22,23 @@ using namespace gfx9;
 
 constexpr float kLog2e = 1.4426950408889634f;
 
+// Geometry every vendor kernel shares: a KV tile of kBlockN token rows in shared memory,
+// the 576 QK dims split over kWarps warps (wavefronts on AMD), the 512 V dims likewise.
+template <int kBlockN_, int kStages_, int kWarps_>
+struct TileGeometry {
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kStages = kStages_;
+  static constexpr int kWarps = kWarps_;
+  static constexpr int kThreads = kWarps * MLAGEN_WARP_SIZE;
+  static constexpr int kRowBytes = kQkDim + 16;  // padded rows: conflict-free row access
+  static constexpr int kStageBytes = kBlockN * kRowBytes;
+  static constexpr int kChunksPerRow = kQkDim / 16;                // 16-byte chunks a row
+  static constexpr int kChunksPerTile = kBlockN * kChunksPerRow;
+  static constexpr int kQkChunksPerWarp = kChunksPerRow / kWarps;  // 9 chunks of 16 dims
+  static constexpr int kVDimsPerWarp = kVDim / kWarps;             // 128
+  static_assert(kChunksPerRow % kWarps == 0, "QK dims must divide over the warps");
+};
+
 // Split `split` of `splits` over a sequence of seq_len tokens, in whole tiles of block_n.
 struct SplitRange {
   int ntiles;     // tiles this split streams (0 for an empty split)

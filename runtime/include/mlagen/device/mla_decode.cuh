@@ -16,33 +16,21 @@
 // With one split the block writes the bf16 output; otherwise it writes an unnormalized
 // partial (O, running max m, running sum l) and combine_kernel merges the splits.
 #pragma once
-#include "mlagen/platform.h"
-#include "mlagen/device/shapes.cuh"
-
 #include "mlagen/device/mla_common.cuh"
 
 #if defined(MLAGEN_NVIDIA)
 namespace mlagen::device {
 
 template <int kBlockN_, int kStages_>
-struct Tiling {
-  static constexpr int kBlockN = kBlockN_;
-  static constexpr int kStages = kStages_;
-  static constexpr int kWarps = 4;
-  static constexpr int kThreads = kWarps * MLAGEN_WARP_SIZE;
-  static constexpr int kRowBytes = kQkDim + 16;  // padding: conflict-free row access
-  static constexpr int kStageBytes = kBlockN * kRowBytes;
-  static constexpr int kChunksPerRow = kQkDim / 16;  // 16-byte chunks
-  static constexpr int kCopiesPerThread = kBlockN * kChunksPerRow / kThreads;
-  static constexpr int kQkChunksPerWarp = kChunksPerRow / kWarps;  // 9 chunks of 16 dims
-  static constexpr int kVDimsPerWarp = kVDim / kWarps;             // 128
-  static constexpr int kNTiles = kBlockN / 8;                      // n8 MMA tiles per KV tile
-  static constexpr int kRedBytes = kWarps * kNTiles * MLAGEN_WARP_SIZE * 16;
-  static constexpr int kSmemBytes = kStages * kStageBytes + kRedBytes;
+struct Tiling : TileGeometry<kBlockN_, kStages_, /*warps=*/4> {
+  using G = TileGeometry<kBlockN_, kStages_, 4>;
+  static constexpr int kCopiesPerThread = G::kChunksPerTile / G::kThreads;
+  static constexpr int kNTiles = G::kBlockN / 8;  // n8 MMA tiles per KV tile
+  static constexpr int kRedBytes = G::kWarps * kNTiles * MLAGEN_WARP_SIZE * 16;
+  static constexpr int kSmemBytes = G::kStages * G::kStageBytes + kRedBytes;
   static constexpr int kMinBlocksPerSm = kSmemBytes <= 110 * 1024 ? 2 : 1;
-  static_assert(kBlockN % 32 == 0, "kBlockN: multiple of 32 (ldmatrix.x4 takes 4 n8 tiles)");
-  static_assert(kBlockN * kChunksPerRow % kThreads == 0, "tile copy must divide over the block");
-  static_assert(kChunksPerRow % kWarps == 0, "QK dims must divide over the warps");
+  static_assert(G::kBlockN % 32 == 0, "kBlockN: multiple of 32 (ldmatrix.x4 takes 4 n8 tiles)");
+  static_assert(G::kChunksPerTile % G::kThreads == 0, "tile copy must divide over the block");
 };
 
 template <class T, class Shape>

@@ -22,32 +22,23 @@
 namespace mlagen::device {
 
 template <int kBlockN_, int kStages_>
-struct Tiling {
-  static constexpr int kBlockN = kBlockN_;
-  static constexpr int kStages = kStages_;
-  static constexpr int kWaves = 4;
-  static constexpr int kThreads = kWaves * MLAGEN_WARP_SIZE;
-  static constexpr int kRowBytes = kQkDim + 16;  // padded rows
-  static constexpr int kStageBytes = kBlockN * kRowBytes;
-  static constexpr int kChunksPerRow = kQkDim / 16;
-  static constexpr int kChunksPerTile = kBlockN * kChunksPerRow;
-  static constexpr int kCopiesPerThread = (kChunksPerTile + kThreads - 1) / kThreads;
-  static constexpr int kQkChunksPerWave = kChunksPerRow / kWaves;  // 9 chunks of 16 dims
-  static constexpr int kVDimsPerWave = kVDim / kWaves;             // 128 = 2 blocks of 64
-  static constexpr int kMTiles = kBlockN / 16;                     // m16 MFMA tiles per KV tile
-  static constexpr int kRedBytes = kWaves * kMTiles * MLAGEN_WARP_SIZE * 16;
-  static constexpr int kSmemBytes = 2 * kStageBytes + kRedBytes;
+struct Tiling : TileGeometry<kBlockN_, kStages_, /*waves=*/4> {
+  using G = TileGeometry<kBlockN_, kStages_, 4>;
+  static constexpr int kCopiesPerThread = (G::kChunksPerTile + G::kThreads - 1) / G::kThreads;
+  static constexpr int kMTiles = G::kBlockN / 16;  // m16 MFMA tiles per KV tile
+  static constexpr int kRedBytes = G::kWarps * kMTiles * MLAGEN_WARP_SIZE * 16;
+  static constexpr int kSmemBytes = 2 * G::kStageBytes + kRedBytes;
   static constexpr int kMinBlocksPerSm = 1;
   static_assert(MLAGEN_WARP_SIZE == 64, "gfx9 kernel: 64-lane wavefronts");
-  static_assert(kStages == 2, "gfx9 kernel v1: register-staged double buffering (stages = 2)");
-  static_assert(kBlockN % 32 == 0, "kBlockN: pairs of m16 tiles feed the k32 PV MFMA");
+  static_assert(G::kStages == 2, "gfx9 kernel v1: register-staged double buffering (stages = 2)");
+  static_assert(G::kBlockN % 32 == 0, "kBlockN: pairs of m16 tiles feed the k32 PV MFMA");
   static_assert(kSmemBytes <= gfx9::kLdsBytes, "LDS over the arch's limit: smaller block_n");
 };
 
 template <class T, class Shape>
 __global__ void __launch_bounds__(T::kThreads) mla_decode_kernel(const Params p) {
   using namespace gfx9;
-  constexpr int BN = T::kBlockN, MT = T::kMTiles, QC = T::kQkChunksPerWave;
+  constexpr int BN = T::kBlockN, MT = T::kMTiles, QC = T::kQkChunksPerWarp;
   extern __shared__ __attribute__((aligned(16))) uint8_t smem[];
   f32x4* red = reinterpret_cast<f32x4*>(smem + 2 * T::kStageBytes);
 
@@ -136,7 +127,7 @@ __global__ void __launch_bounds__(T::kThreads) mla_decode_kernel(const Params p)
     for (int mt = 0; mt < MT; ++mt) {
       f32x4 a = red[mt * MLAGEN_WARP_SIZE + lane];
 #pragma unroll
-      for (int w = 1; w < T::kWaves; ++w) a += red[(w * MT + mt) * MLAGEN_WARP_SIZE + lane];
+      for (int w = 1; w < T::kWarps; ++w) a += red[(w * MT + mt) * MLAGEN_WARP_SIZE + lane];
       s[mt] = a;
     }
 
@@ -177,7 +168,7 @@ __global__ void __launch_bounds__(T::kThreads) mla_decode_kernel(const Params p)
       const f16x4 b_hi = f32x4_to_f16x4(s[2 * kc + 1][0], s[2 * kc + 1][1], s[2 * kc + 1][2], s[2 * kc + 1][3]);
 #pragma unroll
       for (int blk = 0; blk < 2; ++blk) {
-        const uint8_t* vcol = st + (32 * kc + 4 * j) * T::kRowBytes + wave * T::kVDimsPerWave + blk * 64 + 4 * i;
+        const uint8_t* vcol = st + (32 * kc + 4 * j) * T::kRowBytes + wave * T::kVDimsPerWarp + blk * 64 + 4 * i;
         uint32_t wl[4], wh[4], tl[4], th[4];
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
@@ -199,7 +190,7 @@ __global__ void __launch_bounds__(T::kThreads) mla_decode_kernel(const Params p)
   // Lane (i, j) holds head i, dims wave*128 + 64*blk + 16j + (4r + u) = o[blk][u][r].
   if (splits == 1) {
     const float inv = out_scale(l, o_scale, seq.bad);
-    uint16_t* out = p.out + seq.q_row * p.out_stride_token + i * p.out_stride_head + wave * T::kVDimsPerWave + 16 * j;
+    uint16_t* out = p.out + seq.q_row * p.out_stride_token + i * p.out_stride_head + wave * T::kVDimsPerWarp + 16 * j;
 #pragma unroll
     for (int blk = 0; blk < 2; ++blk) {
       uint32_t w[8];
@@ -211,7 +202,7 @@ __global__ void __launch_bounds__(T::kThreads) mla_decode_kernel(const Params p)
     }
   } else {
     const int64_t slot = static_cast<int64_t>(b) * splits + split;
-    float* po = p.part_o + (slot * kHeads + i) * kVDim + wave * T::kVDimsPerWave + 16 * j;
+    float* po = p.part_o + (slot * kHeads + i) * kVDim + wave * T::kVDimsPerWarp + 16 * j;
 #pragma unroll
     for (int blk = 0; blk < 2; ++blk)
 #pragma unroll
