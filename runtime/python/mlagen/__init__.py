@@ -16,7 +16,7 @@ import ctypes
 from ._lib import (DTYPE, KernelInfo, MlagenError, Problem, fingerprint, kernels, lib,  # noqa: F401
                    library_path, raise_for, select)
 
-__all__ = ["decode", "prepare", "check_device_errors", "kernels", "select", "fingerprint", "MlagenError",
+__all__ = ["decode", "leaderboard_entry", "prepare", "check_device_errors", "kernels", "select", "fingerprint", "MlagenError",
            "Problem", "library_path", "last_kernel"]
 
 _QK, _DV, _HEADS = 576, 512, 16
@@ -198,6 +198,42 @@ def _stream_of(dev) -> int:
     return _raw_stream(dev.index if dev.index is not None else _torch().cuda.current_device())
 
 
+def _decode_cached(q, kv_data, qo_indptr, kv_indptr, config, kv_format):
+    """The per-call path once a plan exists for these tensors' metadata (None otherwise):
+    the metadata is the cache key (everything the plan validated once: shapes, strides,
+    dtypes, device, the uniform length and scale), then an output and one C call with six
+    pointers. Positional, no keyword parsing: the leaderboard entry calls it directly."""
+    global _last_plan
+    try:
+        kv, kv_scale = kv_data[kv_format]
+    except (KeyError, TypeError, ValueError):
+        return None
+    plan = _fast_plans.get((q.shape, q.stride(), q.dtype, q.get_device(), kv.shape, kv.stride(), kv.dtype,
+                            kv_scale.dtype, qo_indptr.shape, qo_indptr.dtype, kv_indptr.shape, kv_indptr.dtype,
+                            config.get("kv_seq_len"), config.get("sm_scale")))
+    if plan is None:
+        return None
+    out = _torch_mod.empty(plan.out_shape, dtype=plan.out_dtype, device=plan.device)
+    status = plan._run(plan._pp, q.data_ptr(), kv.data_ptr(), kv_scale.data_ptr(), qo_indptr.data_ptr(),
+                       kv_indptr.data_ptr(), out.data_ptr(), _get_raw_stream(plan.device_index))
+    if status:
+        raise_for(status)
+    _last_plan = plan
+    return out
+
+
+def leaderboard_entry(kv_format: str = "fp8"):
+    """custom_kernel(data) for the leaderboard tuple: the cached path first, decode() for the
+    first call of a shape (which makes the plan) and for anything unusual."""
+    cached, full = _decode_cached, decode
+
+    def custom_kernel(data):
+        q, kv_data, qo_indptr, kv_indptr, config = data
+        out = cached(q, kv_data, qo_indptr, kv_indptr, config, kv_format)
+        return out if out is not None else full(q, kv_data, qo_indptr, kv_indptr, config, kv_format=kv_format)
+    return custom_kernel
+
+
 def decode(q, kv_data, qo_indptr, kv_indptr, config: dict, *, kv_format: str = "fp8", out=None,
            force_generic: bool = False, splits: int = 0, kernel: str | None = None):
     """MLA decode: softmax(q K^T * sm_scale) V with K the 576-dim latent rows, V their first 512.
@@ -212,26 +248,15 @@ def decode(q, kv_data, qo_indptr, kv_indptr, config: dict, *, kv_format: str = "
     plan for this shape was made.
     """
     global _last_plan
-    if kv_data.__class__ is dict and out is None and not (force_generic or splits or kernel) and kv_format in kv_data:
-        # The per-call path: the tensors' metadata is the cache key (anything the plan
-        # validated once), then an output and one C call with six pointers.
-        kv, kv_scale = kv_data[kv_format]
-        plan = _fast_plans.get((q.shape, q.stride(), q.dtype, q.get_device(), kv.shape, kv.stride(), kv.dtype,
-                                kv_scale.dtype, qo_indptr.shape, qo_indptr.dtype, kv_indptr.shape, kv_indptr.dtype,
-                                config.get("kv_seq_len"), config.get("sm_scale"), config.get("batch_size")))
-        if plan is not None:
-            out = _torch_mod.empty(plan.out_shape, dtype=plan.out_dtype, device=plan.device)
-            status = plan._run(plan._pp, q.data_ptr(), kv.data_ptr(), kv_scale.data_ptr(), qo_indptr.data_ptr(),
-                               kv_indptr.data_ptr(), out.data_ptr(), _get_raw_stream(plan.device_index))
-            if status:
-                raise_for(status)
-            _last_plan = plan
-            return out
+    if out is None and not (force_generic or splits or kernel):
+        res = _decode_cached(q, kv_data, qo_indptr, kv_indptr, config, kv_format)
+        if res is not None:
+            return res
     kv, kv_scale = kv_data[kv_format] if kv_data.__class__ is dict and kv_format in kv_data else \
         _unpack_kv(kv_data, kv_format)
     meta = (q.shape, q.stride(), q.dtype, q.get_device(), kv.shape, kv.stride(), kv.dtype, kv_scale.dtype,
             qo_indptr.shape, qo_indptr.dtype, kv_indptr.shape, kv_indptr.dtype,
-            config.get("kv_seq_len"), config.get("sm_scale"), config.get("batch_size"))
+            config.get("kv_seq_len"), config.get("sm_scale"))
     key = meta + (force_generic, splits, kernel)
     plan = _plans.get(key)
     if plan is None:
