@@ -48,8 +48,12 @@ sanitize: build
 	$(PYTHON) bench/sanitize.py
 
 KV_FORMAT ?= fp8
-# dist/submission.py: the one-file leaderboard entry, library embedded (see README)
-bundle: build
+# The library a bundle embeds: CMake for NVIDIA and for AMD on a ROCm machine (hipcc
+# found); without ROCm, an AMD library comes from the sid chroot toolchain (lib-amd).
+LIB_TARGET := $(if $(filter gfx%,$(ARCH)),$(if $(shell command -v hipcc),build,lib-amd),build)
+
+# dist/submission.py: the one-file leaderboard entry for ARCH, library embedded (see README)
+bundle: $(LIB_TARGET)
 	$(PYTHON) tools/bundle.py --lib $(BUILD)/libmlagen.so --arch $(ARCH) --kv-format $(KV_FORMAT) --out dist/submission.py
 
 # the leaderboard's method on the bundle, in a fresh process (GPU)
@@ -75,7 +79,7 @@ lib-amd:
 	  -DMLAGEN_BUILD_ARCH='"$(ARCH)"' -DMLAGEN_BUILD_$(shell echo $(ARCH) | tr a-z A-Z)=1 \
 	  build/$(ARCH)/runtime.hip $(sort $(wildcard generated/mla_decode_$(ARCH)_*.hip))
 
-# dist/submission_$(ARCH).py from the chroot-built AMD library
+# dist/submission_$(ARCH).py from the chroot-built AMD library (kept beside the NVIDIA bundle)
 bundle-amd: lib-amd
 	$(PYTHON) tools/bundle.py --lib build/$(ARCH)/libmlagen.so --arch $(ARCH) --kv-format $(KV_FORMAT) --out dist/submission_$(ARCH).py
 
