@@ -13,7 +13,8 @@ def main(argv=None) -> int:
     ap.add_argument("command", choices=("generate", "list", "check"))
     ap.add_argument("--shapes", default="", help="extra BATCHxKV_LEN shapes, comma separated")
     ap.add_argument("--shapes-file", default=None, help="file with extra shapes, one a line")
-    ap.add_argument("--arch", default=",".join(catalog.DEFAULT_ARCHS), help="comma-separated archs")
+    ap.add_argument("--arch", default=",".join(catalog.DEFAULT_ARCHS),
+                    help="comma-separated archs (default all; narrowing generate/check drops the other archs' files)")
     ap.add_argument("--filter", default="", help="keep only kernels whose name contains this")
     ap.add_argument("--out", default=generate.GENERATED, help="output folder (default generated/)")
     ap.add_argument("--check", action="store_true", help="with generate: fail if the output is stale")
