@@ -32,11 +32,17 @@ MLAGEN_DEVICE float fast_exp2(float x) { return __builtin_exp2f(x); }
 MLAGEN_DEVICE void allow_dependent_launch() {}
 MLAGEN_DEVICE void wait_for_prior_grid() {}
 
-// PTX prmt semantics (result byte k = byte sel_k of {y:x}, 0-3 from x, 4-7 from y) on
-// v_perm_b32, whose operand order is the other way round.
+// PTX prmt semantics (result byte k = byte sel_k of {y:x}, 0-3 from x, 4-7 from y, one
+// selector NIBBLE a byte) on v_perm_b32, whose operands come the other way round and whose
+// selector has one BYTE a result byte: 0x5140 (prmt) is 0x05010400 (v_perm).
+constexpr uint32_t vperm_selector(uint32_t prmt_sel) {
+  return ((prmt_sel & 0x7u) << 0) | (((prmt_sel >> 4) & 0x7u) << 8) | (((prmt_sel >> 8) & 0x7u) << 16) |
+         (((prmt_sel >> 12) & 0x7u) << 24);
+}
+static_assert(vperm_selector(0x5140) == 0x05010400u, "selector conversion");
 MLAGEN_DEVICE uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t sel) {
 #if defined(__HIP_DEVICE_COMPILE__)
-  return __builtin_amdgcn_perm(y, x, sel);
+  return __builtin_amdgcn_perm(y, x, vperm_selector(sel));
 #else
   return 0;
 #endif
