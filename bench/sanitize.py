@@ -38,7 +38,7 @@ import _common as C  # noqa: E402
 
 CHILD = os.path.join(HERE, "_sanitize_child.py")
 DEFAULT_MEMCHECK = ",".join(C.shape_name(b, l) for b, l in C.BENCH_SHAPES)
-DEFAULT_RACECHECK = "4x1024,32x1024,64x1024,256x1024"
+DEFAULT_RACECHECK = DEFAULT_MEMCHECK  # the eight shapes (issue 2); pass --racecheck-shapes to narrow
 
 ERROR_SUMMARY = re.compile(r"ERROR SUMMARY:\s*(\d+)\s+error")
 RACE_SUMMARY = re.compile(r"RACECHECK SUMMARY:\s*(\d+)\s+hazards?\s+displayed\s*\((\d+)\s+errors?,\s*(\d+)\s+warnings?\)")
