@@ -49,12 +49,16 @@ static uint16_t to_bf16(float f) {
 }
 static float from_bf16(uint16_t h) { return __uint_as_float(static_cast<uint32_t>(h) << 16); }
 
-static bool run_case(const char* name, const std::vector<int>& lens, int splits, uint32_t seed) {
+// Shape: DynamicShape (lengths from kv_indptr) or a StaticShape<batch, kv_len, splits>.
+// corrupt: shift one kv_indptr entry so the kernel's device-side check must flag it (NaN rows).
+template <class Shape>
+static bool run_case(const char* name, const std::vector<int>& lens, int splits, uint32_t seed, bool corrupt = false) {
   const int batch = static_cast<int>(lens.size());
   std::vector<int32_t> kv_indptr(batch + 1, 0), qo_indptr(batch + 1);
   for (int b = 0; b < batch; ++b) kv_indptr[b + 1] = kv_indptr[b] + lens[b];
   for (int b = 0; b <= batch; ++b) qo_indptr[b] = b;
   const int total = kv_indptr[batch];
+  if (corrupt) kv_indptr[1] += 3;
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal;
   std::vector<uint16_t> q(static_cast<size_t>(batch) * kHeads * kQkDim);
@@ -85,8 +89,18 @@ static bool run_case(const char* name, const std::vector<int>& lens, int splits,
   p.batch = batch; p.splits = splits; p.total_q = batch; p.total_kv = total; p.sm_scale = sm_scale;
 
   using T = Tiling<32, 2>;
-  launch(mla_decode_kernel<T, DynamicShape>, splits, batch, T::kThreads, p);
-  if (splits > 1) launch(mla_combine_kernel<DynamicShape>, batch * kHeads, 1, 128, p);
+  launch(mla_decode_kernel<T, Shape>, splits, batch, T::kThreads, p);
+  if (splits > 1) launch(mla_combine_kernel<Shape>, batch * kHeads, 1, 128, p);
+  if (corrupt) {  // sequences 0 and 1 are flagged: NaN there, the error word set, the rest exact
+    bool nan01 = true;
+    for (int b = 0; b < 2; ++b)
+      for (int e = 0; e < kHeads * kVDim; ++e)
+        nan01 &= std::isnan(from_bf16(out[static_cast<size_t>(b) * kHeads * kVDim + e]));
+    const bool ok = nan01 && (errors & 1u);
+    std::printf("%-28s batch=%d splits=%d flagged=%u nan_rows=%d %s\n", name, batch, splits, errors, nan01,
+                ok ? "ok" : "FAIL");
+    return ok;
+  }
 
   double num = 0, den = 0;
   bool finite = true, zeros_ok = true;
@@ -128,8 +142,10 @@ static bool run_case(const char* name, const std::vector<int>& lens, int splits,
 
 int main() {
   bool ok = true;
-  ok &= run_case("one-split", {64, 37}, 1, 1);
-  ok &= run_case("splits+tail+empty", {100, 0, 33, 257}, 3, 2);
-  ok &= run_case("more-splits-than-tiles", {40}, 5, 3);
+  ok &= run_case<DynamicShape>("one-split", {64, 37}, 1, 1);
+  ok &= run_case<DynamicShape>("splits+tail+empty", {100, 0, 33, 257}, 3, 2);
+  ok &= run_case<DynamicShape>("more-splits-than-tiles", {40}, 5, 3);
+  ok &= run_case<StaticShape<3, 96, 2>>("static-shape", {96, 96, 96}, 2, 4);
+  ok &= run_case<StaticShape<3, 96, 2>>("static-shape-bad-indptr", {96, 96, 96}, 2, 5, /*corrupt=*/true);
   return ok ? 0 : 1;
 }
