@@ -10,7 +10,7 @@ import os
 import re
 from typing import Iterable
 
-from .spec import ANY, ARCHS, IMPLEMENTED, KernelSpec, SpecError
+from .spec import ANY, ARCH_TILES, ARCHS, IMPLEMENTED, TARGET_BLOCKS, KernelSpec, SpecError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TUNING_FILE = os.path.join(HERE, "tuning.json")
@@ -23,15 +23,9 @@ DEFAULT_ARCHS = ("sm90a", "gfx950", "gfx942")
 # (q dtype, kv dtype) per arch: each arch with the fp8 flavour its hardware decodes.
 DEFAULT_DTYPES = {"sm90a": (("bf16", "fp8e4m3fn"),), "gfx950": (("bf16", "fp8e4m3fn"),),
                   "gfx942": (("bf16", "fp8e4m3fnuz"),)}
-# Tiles an arch's kernels use when neither the tuning table nor the caller says otherwise.
-ARCH_TILES = {"sm90a": dict(block_n=32, stages=4), "gfx950": dict(block_n=32, stages=2),
-              "gfx942": dict(block_n=32, stages=2)}
 # Tile choices built as generic kernels besides the default, so `make tune` can measure
 # them on any shape without regenerating (block_n, stages).
 TUNING_TILES = {"sm90a": ((32, 3), (32, 6), (64, 2), (64, 3))}
-
-# Resident blocks the heuristic aims for: SMs x blocks per SM of the default tile.
-_TARGET_BLOCKS = {"sm90a": 132 * 2, "gfx950": 256 * 2, "gfx942": 304 * 2}
 
 
 def parse_shapes(text: str) -> list[tuple[int, int]]:
@@ -57,11 +51,14 @@ def load_tuning(path: str = TUNING_FILE) -> dict:
 def heuristic_params(arch: str, batch: int, kv_len: int) -> dict:
     """Splits that fill the GPU without letting the partial outputs (32 KB a split, about
     56 tokens of fp8 KV) rival the KV bytes: at least 256 tokens a split."""
-    tiles_ = ARCH_TILES[arch]
-    tiles = -(-kv_len // tiles_["block_n"])
-    splits = max(1, round(_TARGET_BLOCKS[arch] / batch))
-    splits = min(splits, max(1, kv_len // 256), tiles, 64)
-    return dict(splits=splits, **tiles_)
+    return dict(splits=heuristic_splits(arch, batch, kv_len), **ARCH_TILES[arch])
+
+
+def heuristic_splits(arch: str, batch: int, kv_len: int) -> int:
+    """The same rule as the runtime's generic_splits() (runtime/src/runtime.cpp): round
+    half up, at least 1, at most one split per 256 tokens and 64 in all."""
+    splits = max(1, int(TARGET_BLOCKS[arch] / batch + 0.5))
+    return min(splits, max(1, kv_len // 256), 64)
 
 
 def params_for(arch: str, batch: int, kv_len: int, q_dtype: str, kv_dtype: str, tuning: dict) -> dict:

@@ -23,6 +23,13 @@ ARCHS = {
     "gfx950": ("amd", 64, "fp8e4m3fn"),
     "gfx942": ("amd", 64, "fp8e4m3fnuz"),
 }
+# Tiles an arch's kernels use when neither the tuning table nor the caller says otherwise.
+ARCH_TILES = {"sm90a": dict(block_n=32, stages=4), "gfx950": dict(block_n=32, stages=2),
+              "gfx942": dict(block_n=32, stages=2)}
+# Resident blocks the split heuristic aims for (SMs x blocks per SM of the default tile).
+# The generator's heuristic and the runtime's (for the generic kernel, through the
+# generated registry) both read this table.
+TARGET_BLOCKS = {"sm90a": 132 * 2, "gfx950": 256 * 2, "gfx942": 304 * 2}
 Q_DTYPES = ("bf16", "fp8")
 KV_DTYPES = ("bf16", "fp8e4m3fn", "fp8e4m3fnuz", "mxfp4")
 
@@ -99,7 +106,6 @@ class KernelSpec:
         non-default tiles, reachable by name only (make tune measures them)."""
         if not self.generic:
             return 0
-        from .catalog import ARCH_TILES
         default = ARCH_TILES[self.arch]
         return 1 if (self.block_n, self.stages) == (default["block_n"], default["stages"]) else 2
 

@@ -61,6 +61,15 @@ def test_generic_split_heuristic_scales_with_batch(L):
     assert small > large == 1 and short == 1
 
 
+@pytest.mark.parametrize("batch", [1, 3, 4, 16, 48, 64, 100, 256, 528, 1000])
+@pytest.mark.parametrize("kv_len", [1, 100, 255, 256, 1000, 4096, 65536])
+def test_generic_splits_follow_the_generators_heuristic(L, batch, kv_len):
+    """One rule, two places: the runtime's choice for the generic kernel and the split count
+    the generator gives an untuned shape (codegen.catalog.heuristic_splits)."""
+    got = _lib.select(Problem.make(batch, kv_len, force_generic=1))["splits"]
+    assert got == catalog.heuristic_splits("sm90a", batch, kv_len)
+
+
 def test_workspace_size(L):
     p = Problem.make(32, 8192)
     info = _lib.select(p)

@@ -21,12 +21,10 @@ namespace mlagen {
 namespace {
 thread_local char g_error[1024] = "";
 
-// Resident blocks the split heuristic aims for (SMs x blocks per SM); the generator's
-// heuristic (codegen/catalog.py) uses the same numbers.
+// Resident blocks the split heuristic aims for: the generated kArchTargets table.
 int target_blocks(const char* arch) {
-  if (!std::strcmp(arch, "sm90a")) return 132 * 2;
-  if (!std::strcmp(arch, "gfx950")) return 256 * 2;
-  if (!std::strcmp(arch, "gfx942")) return 304 * 2;
+  for (const auto& t : kArchTargets)
+    if (!std::strcmp(t.arch, arch)) return t.target_blocks;
   return 256;
 }
 
@@ -118,7 +116,8 @@ const KernelEntry* find_generic(int32_t q_dtype, int32_t kv_dtype) {
 int generic_splits(const mlagen_problem* p) {
   if (p->splits > 0) return p->splits;
   const int64_t avg = p->total_kv / p->batch;
-  int s = static_cast<int>(std::lround(static_cast<double>(target_blocks(MLAGEN_BUILD_ARCH)) / p->batch));
+  // Same rule as the generator's catalog.heuristic_splits(): round half up.
+  int s = static_cast<int>(static_cast<double>(target_blocks(MLAGEN_BUILD_ARCH)) / p->batch + 0.5);
   s = std::max(1, std::min<int>(s, static_cast<int>(std::max<int64_t>(1, avg / 256))));
   return std::min(s, 64);
 }

@@ -43,14 +43,6 @@ def _get_raw_stream(device_index: int) -> int:
     return torch.cuda.current_stream(device_index).cuda_stream
 
 
-def _raw_stream(device_index: int) -> int:
-    """The current stream's handle; torch's raw accessor when it has one (much cheaper
-    than torch.cuda.current_stream(), which builds a Python object)."""
-    torch = _torch()
-    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return get(device_index) if get else torch.cuda.current_stream(device_index).cuda_stream
-
-
 def _kv_dtype_name(t) -> str:
     torch = _torch()
     names = {torch.float8_e4m3fn: "fp8e4m3fn", torch.bfloat16: "bf16"}
@@ -85,12 +77,13 @@ class Plan:
     """A validated problem for one shape / layout; `run` passes the per-call pointers."""
 
     def __init__(self, problem: Problem, info: dict, workspace, device):
-        self.problem, self.info, self.workspace, self.device = problem, info, workspace, device
+        self.problem, self.info, self.device = problem, info, device
         self.device_index = device.index if device.index is not None else _torch().cuda.current_device()
         self.out_shape = (problem.total_q, _HEADS, _DV)
         self.out_dtype = _torch().bfloat16
         self._pp = ctypes.byref(problem)
         self._run = lib().mlagen_decode_ptrs
+        self.set_workspace(workspace)
 
     def set_workspace(self, ws) -> None:
         self.workspace = ws
@@ -178,9 +171,7 @@ def prepare(q, kv, kv_scale, qo_indptr, kv_indptr, config: dict, *, force_generi
     raise_for(L.mlagen_select(ctypes.byref(p), ctypes.byref(info)), L)
     nbytes = L.mlagen_workspace_bytes(ctypes.byref(p))
     _check_device_once(dev)
-    plan = Plan(p, info.as_dict(), None, dev)
-    plan.set_workspace(_Workspace.get(dev, nbytes))
-    return plan
+    return Plan(p, info.as_dict(), _Workspace.get(dev, nbytes), dev)
 
 
 _checked_devices = set()
@@ -195,7 +186,7 @@ def _check_device_once(dev):
 
 
 def _stream_of(dev) -> int:
-    return _raw_stream(dev.index if dev.index is not None else _torch().cuda.current_device())
+    return _get_raw_stream(dev.index if dev.index is not None else _torch().cuda.current_device())
 
 
 def _decode_cached(q, kv_data, qo_indptr, kv_indptr, config, kv_format):
@@ -252,8 +243,7 @@ def decode(q, kv_data, qo_indptr, kv_indptr, config: dict, *, kv_format: str = "
         res = _decode_cached(q, kv_data, qo_indptr, kv_indptr, config, kv_format)
         if res is not None:
             return res
-    kv, kv_scale = kv_data[kv_format] if kv_data.__class__ is dict and kv_format in kv_data else \
-        _unpack_kv(kv_data, kv_format)
+    kv, kv_scale = _unpack_kv(kv_data, kv_format)
     meta = (q.shape, q.stride(), q.dtype, q.get_device(), kv.shape, kv.stride(), kv.dtype, kv_scale.dtype,
             qo_indptr.shape, qo_indptr.dtype, kv_indptr.shape, kv_indptr.dtype,
             config.get("kv_seq_len"), config.get("sm_scale"))
