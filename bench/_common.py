@@ -68,6 +68,13 @@ def fp8_bytes(batch: int, kv_len: int) -> int:
     return batch * kv_len * QK_DIM + batch * NUM_HEADS * QK_DIM * 2 + batch * NUM_HEADS * V_DIM * 2
 
 
+def format_bytes(batch: int, kv_len: int, kv_format: str) -> int:
+    """Bytes a decode must move with the given KV format: KV (fp8 576, bf16 1152, mxfp4
+    288 + 18 scale bytes a token) + q + out."""
+    per_token = {"fp8": QK_DIM, "bf16": 2 * QK_DIM, "mxfp4": QK_DIM // 2 + QK_DIM // 32}[kv_format]
+    return batch * kv_len * per_token + batch * NUM_HEADS * QK_DIM * 2 + batch * NUM_HEADS * V_DIM * 2
+
+
 def make_config(batch: int, kv_len: int | None) -> dict:
     """The leaderboard's config dict; kv_len None or 0 leaves kv_seq_len out (non-uniform lengths)."""
     cfg = dict(batch_size=batch, num_heads=NUM_HEADS, num_kv_heads=1, qk_head_dim=QK_DIM,

@@ -205,7 +205,7 @@ class FakeMlagen:
         def __init__(self, fake):
             self.fake = fake
 
-        def run(self, q, kv, kv_scale, qo_indptr, kv_indptr, out, stream):
+        def run(self, q, q_scale, kv, kv_scale, qo_indptr, kv_indptr, out, stream):
             out.copy_(self.fake._compute(q, kv, kv_scale, kv_indptr))
 
     def __init__(self):
@@ -320,6 +320,50 @@ def bench_shape(ctx, index: int, batch: int, kv_len: int) -> dict:
     else:
         row["mlagen"]["error"] = ctx.mlagen_error
 
+    # ---- (a2) mlagen's other formats (issue 4), each checked against float32 attention on
+    # the values it computes with (its own dequantized KV / q), then timed in the same run
+    for fmt, q_dtype in ctx.extra_formats if ctx.mlagen is not None and timer.cuda else ():
+        cname = format_column(fmt, q_dtype)
+        col = row.setdefault(cname, {})
+        try:
+            from mlagen import quant
+            errs = []
+            for s in sets:
+                if fmt == "mxfp4" and "mxfp4" not in s["kv_data"]:
+                    s["kv_data"]["mxfp4"] = quant.quantize_mxfp4(s["kv_bf16"])
+                if fmt == "bf16":
+                    kv_seen = s["kv_bf16"]
+                elif fmt == "mxfp4":
+                    kv_seen = quant.dequantize_mxfp4(*s["kv_data"]["mxfp4"], 576).reshape(-1, 1, 576)
+                else:
+                    kv_seen = s["kv_fp8"].float() * s["scale"]
+                q_seen = s["q"]
+                if q_dtype == "fp8":
+                    q8, qs = quant.quantize_q_fp8(s["q"])
+                    q_seen = q8.float() * qs
+                ref32 = C.reference_fp8(dict(s, q=q_seen, kv_fp8=kv_seen, scale=torch.ones(1, device=ctx.device)))
+                del kv_seen
+                out = ctx.mlagen.decode(s["q"], s["kv_data"], s["qo_indptr"], s["kv_indptr"], s["config"],
+                                        kv_format=fmt, q_dtype=q_dtype)
+                timer.sync()
+                errs.append(C.rel_l2(out, ref32))
+                del out, ref32
+            col["kernel"] = ctx.mlagen.last_kernel().get("name")
+            col["rel_err"] = max(errs)
+            if max(errs) >= args.tol:
+                row["errors"].append(f"{cname}: relative L2 error {max(errs):.3g} >= {args.tol:g}")
+                col["error"] = "check failed"
+            else:
+                fns[cname] = [functools.partial(ctx.mlagen.decode, s["q"], s["kv_data"], s["qo_indptr"],
+                                                s["kv_indptr"], s["config"], kv_format=fmt, q_dtype=q_dtype)
+                              for s in sets]
+        except Exception as e:  # noqa: BLE001
+            col["error"] = err_text(e)
+            row["errors"].append(f"{cname}: {err_text(e)}")
+            log(f"[{name}] {cname} failed: {err_text(e)}")
+            if args.verbose:
+                traceback.print_exc()
+
     # ---- (c) the seed's Triton kernels; the variant pick runs here, outside the timed region
     if ctx.peer is not None:
         col = row["seed"]
@@ -387,6 +431,13 @@ def bench_shape(ctx, index: int, batch: int, kv_len: int) -> dict:
             row[cname]["times_us"] = [round(t, 3) for t in ts]
 
     # ---- derived figures
+    for fmt, q_dtype in ctx.extra_formats:
+        col = row.get(format_column(fmt, q_dtype), {})
+        if col.get("median_us"):
+            col["bytes"] = C.format_bytes(batch, kv_len, fmt)
+            col["eff_bw_tbps"] = col["bytes"] / (col["median_us"] * 1e-6) / 1e12
+            if ctx.copy_tbps:
+                col["pct_of_copy"] = 100.0 * col["eff_bw_tbps"] / ctx.copy_tbps
     m = row["mlagen"].get("median_us")
     if m:
         row["eff_bw_tbps"] = nbytes / (m * 1e-6) / 1e12
@@ -403,6 +454,10 @@ def bench_shape(ctx, index: int, batch: int, kv_len: int) -> dict:
         torch.cuda.empty_cache()
     log(shape_line(row))
     return row
+
+
+def format_column(fmt_name: str, q_dtype: str) -> str:
+    return f"mlagen_{fmt_name}" + ("_q8" if q_dtype == "fp8" else "")
 
 
 def fmt(x, spec=".1f", na="n/a"):
@@ -445,7 +500,7 @@ def host_overhead(ctx, batch: int, kv_len: int) -> dict:
                       **ctx.decode_kwargs)
     out = torch.empty((batch, C.NUM_HEADS, C.V_DIM), dtype=torch.bfloat16, device=ctx.device)
     stream = torch.cuda.current_stream(ctx.device).cuda_stream if timer.cuda else 0
-    run = functools.partial(plan.run, inp["q"], inp["kv_fp8"], inp["scale"], inp["qo_indptr"], inp["kv_indptr"],
+    run = functools.partial(plan.run, inp["q"], None, inp["kv_fp8"], inp["scale"], inp["qo_indptr"], inp["kv_indptr"],
                             out, stream)
     run()
     timer.sync()
@@ -566,6 +621,14 @@ def table(results: dict) -> str:
         f"{fmt(g['bound']['us']):>7} {'':>5} {'':>6} {fmt(g['speedup_vs_seed'], '.2f'):>6} "
         f"{fmt(g['speedup_vs_bmm'], '.2f'):>6} {'':>8} {fmt(g['flashmla_anchor']['us']):>9}")
     cp = results.get("copy") or {}
+    for f, q in results.get("extra_formats", []):
+        c = format_column(f, q)
+        vals = [(r.get(c) or {}).get("median_us") for r in rows]
+        cells = " ".join(f"{r['shape']} {fmt(v)}us/{fmt((r.get(c) or {}).get('eff_bw_tbps'), '.2f')}TB/s"
+                         for r, v in zip(rows, vals))
+        errs = [e for e in ((r.get(c) or {}).get("error") for r in rows) if e]
+        gm = geomean([v for v in vals if v]) if all(vals) else None
+        lines.append(f"{c:<18} geomean {fmt(gm)} us | {cells}" + (f" | errors: {errs}" if errs else ""))
     lines.append(f"copy ceiling {fmt(cp.get('tbps'), '.2f')} TB/s (end of run {fmt((results.get('copy_end') or {}).get('tbps'), '.2f')})"
                  f"; us = microseconds, median of {results['args']['reps']} flushed calls; "
                  f"FlashMLA* = anchors.md (bf16 KV, not run here)")
@@ -591,8 +654,13 @@ def make_chart(results: dict, path: str) -> None:
 
     rows = results["rows"]
     labels = [r["shape"] for r in rows]
-    series = [("mlagen", [r["mlagen"].get("median_us") for r in rows], "#1f77b4", None),
-              ("seed Triton", [r["seed"].get("median_us") for r in rows], "#ff7f0e", None),
+    fcols = [format_column(f, q) for f, q in results.get("extra_formats", [])]
+    fcolors = ["#9467bd", "#8c564b", "#e377c2", "#17becf"]
+    series = [("mlagen", [r["mlagen"].get("median_us") for r in rows], "#1f77b4", None)]
+    series += [(c.replace("mlagen_", "mlagen ").replace("_q8", " (fp8 q)") + " KV",
+                [(r.get(c) or {}).get("median_us") for r in rows], fcolors[i % 4], None) for i, c in enumerate(fcols)]
+    series += [
+               ("seed Triton", [r["seed"].get("median_us") for r in rows], "#ff7f0e", None),
               ("torch bmm (bf16 KV)", [r["bmm"].get("median_us") for r in rows], "#7f7f7f", None),
               ("fp8 bound (copy BW)", [r["bound_us"] for r in rows], "#2ca02c", "//")]
     width = 0.8 / len(series)
@@ -656,6 +724,9 @@ def parse_args(argv=None):
                    help="seed variant: auto = SeedPeer times its variants (default); anchors = anchors.md's best")
     p.add_argument("--no-seed", action="store_true", help="skip the seed Triton column")
     p.add_argument("--no-bmm", action="store_true", help="skip the torch bmm column")
+    p.add_argument("--formats", default="bf16,mxfp4,fp8:fp8",
+                   help="extra mlagen columns, FORMAT[:QDTYPE] list (fp8 / bf16 / mxfp4, q bf16 or fp8); "
+                        "'' for none (default: bf16, mxfp4 and fp8 KV with fp8 q)")
     p.add_argument("--no-host-overhead", action="store_true", help="skip the host-overhead measurement")
     p.add_argument("--kernel", default=None,
                    help="force this mlagen kernel (a name from mlagen.kernels(); tuning) instead of its dispatch")
@@ -694,6 +765,7 @@ def main(argv=None) -> int:
     ctx.torch, ctx.args, ctx.device = torch, args, device
     # only non-default overrides are passed, so the timed call is the plain leaderboard-style call
     ctx.decode_kwargs = {}
+    ctx.extra_formats = [tuple((f.split(":") + ["bf16"])[:2]) for f in args.formats.split(",") if f]
     if args.kernel:
         ctx.decode_kwargs["kernel"] = args.kernel
     if args.force_generic:
@@ -766,6 +838,11 @@ def main(argv=None) -> int:
                              speedup_vs_seed=None, speedup_vs_bmm=None, errors=[err_text(e)]))
     results["rows"] = rows
     results["geomean_us"] = column_geomeans(rows, len(shapes))
+    results["extra_formats"] = [list(f) for f in ctx.extra_formats]
+    for f, q in ctx.extra_formats:
+        vals = [(r.get(format_column(f, q)) or {}).get("median_us") for r in rows]
+        results["geomean_us"][format_column(f, q)] = dict(us=geomean(vals) if all(vals) else None,
+                                                           complete=all(vals), n=sum(1 for v in vals if v))
 
     # host overhead on the smallest shape
     if not args.no_host_overhead and ctx.mlagen is not None and shapes:

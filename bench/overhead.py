@@ -61,7 +61,7 @@ def main():
 
     def direct():
         o = torch.empty(shape, dtype=bf16, device=dev)
-        L.mlagen_decode_ptrs(pp, q.data_ptr(), kv.data_ptr(), scale.data_ptr(), qo.data_ptr(), kvi.data_ptr(),
+        L.mlagen_decode_ptrs(pp, q.data_ptr(), None, kv.data_ptr(), scale.data_ptr(), qo.data_ptr(), kvi.data_ptr(),
                              o.data_ptr(), get_stream(0))
         return o
 

@@ -144,14 +144,19 @@ def parse_log(text: str) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=os.path.join(C.REPO, "bench", "results"), help="output folder")
-    p.add_argument("--tools", default="memcheck,racecheck",
+    p.add_argument("--tools", default="memcheck,racecheck,racecheck_wide",
                    help="comma list of compute-sanitizer tools (memcheck, racecheck, initcheck, synccheck) "
-                        "or 'plain' (no sanitizer); default memcheck,racecheck")
+                        "or 'plain' (no sanitizer); racecheck_wide = racecheck of the bf16/mxfp4 kernels; "
+                        "default memcheck,racecheck,racecheck_wide")
     p.add_argument("--memcheck-shapes", default=DEFAULT_MEMCHECK, help="shapes for memcheck (default: the eight)")
     p.add_argument("--racecheck-shapes", default=DEFAULT_RACECHECK,
                    help=f"shapes for racecheck (default {DEFAULT_RACECHECK})")
     p.add_argument("--shapes", default=None, help="shapes for every tool (overrides the two above)")
     p.add_argument("--no-nonuniform", action="store_true", help="skip the non-uniform generic-kernel case")
+    p.add_argument("--formats", default="fp8,bf16,mxfp4", help="KV formats memcheck runs every case with")
+    p.add_argument("--racecheck-formats", default="fp8", help="KV formats racecheck runs on its shapes")
+    p.add_argument("--racecheck-wide-shapes", default="4x1024,32x1024",
+                   help="tool racecheck_wide: racecheck of the bf16 / mxfp4 (wide-path) kernels on these shapes")
     p.add_argument("--ref", action="store_true", help="child also checks against the float32 reference (slow)")
     p.add_argument("--sanitizer", default=None, help="compute-sanitizer binary (default: PATH, /usr/local/cuda)")
     p.add_argument("--sanitizer-args", default="",
@@ -195,8 +200,10 @@ def main(argv=None) -> int:
 
     all_ok = True
     for tool in tools:
-        shapes = args.shapes or (args.racecheck_shapes if tool == "racecheck" else args.memcheck_shapes)
-        child = [sys.executable, CHILD, "--shapes", shapes or "none"]
+        shapes = args.shapes or {"racecheck": args.racecheck_shapes,
+                                 "racecheck_wide": args.racecheck_wide_shapes}.get(tool, args.memcheck_shapes)
+        formats = {"racecheck": args.racecheck_formats, "racecheck_wide": "bf16,mxfp4"}.get(tool, args.formats)
+        child = [sys.executable, CHILD, "--shapes", shapes or "none", "--formats", formats]
         if args.no_nonuniform:
             child.append("--no-nonuniform")
         if args.ref:
@@ -204,7 +211,7 @@ def main(argv=None) -> int:
         if tool == "plain":
             cmd = child
         else:
-            cmd = [san, "--tool", tool, "--error-exitcode", "1"]
+            cmd = [san, "--tool", tool.replace("_wide", ""), "--error-exitcode", "1"]
             if not args.api_errors:
                 cmd += ["--report-api-errors", "no"]
             cmd += shlex.split(args.sanitizer_args) + child
@@ -217,7 +224,7 @@ def main(argv=None) -> int:
         child_res = parsed.get("child")
         child_ok = bool(child_res and child_res.get("ok"))
         errors = parsed.get("errors")
-        if errors is None and tool == "racecheck" and "race_errors" in parsed:
+        if errors is None and tool.startswith("racecheck") and "race_errors" in parsed:
             errors = parsed["race_errors"]  # racecheck ends with RACECHECK SUMMARY, not ERROR SUMMARY
         if tool == "plain":
             ok = rc == 0 and child_ok

@@ -10,7 +10,7 @@ import os
 import re
 from typing import Iterable
 
-from .spec import ANY, ARCH_TILES, ARCHS, IMPLEMENTED, TARGET_BLOCKS, KernelSpec, SpecError
+from .spec import ANY, ARCHS, IMPLEMENTED, TARGET_BLOCKS, KernelSpec, SpecError, default_tiles
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TUNING_FILE = os.path.join(HERE, "tuning.json")
@@ -20,12 +20,19 @@ SHAPES_FILE = os.path.join(HERE, "shapes.txt")
 LEADERBOARD_SHAPES = ((4, 1024), (4, 8192), (32, 1024), (32, 8192),
                       (64, 1024), (64, 8192), (256, 1024), (256, 8192))
 DEFAULT_ARCHS = ("sm90a", "gfx950", "gfx942")
-# (q dtype, kv dtype) per arch: each arch with the fp8 flavour its hardware decodes.
-DEFAULT_DTYPES = {"sm90a": (("bf16", "fp8e4m3fn"),), "gfx950": (("bf16", "fp8e4m3fn"),),
+# (q dtype, kv dtype) pairs per arch that get a specialized kernel for every catalog shape
+# (each arch with the fp8 flavour its hardware decodes). Every other implemented pair gets
+# the generic kernel (GENERIC_DTYPES).
+DEFAULT_DTYPES = {"sm90a": (("bf16", "fp8e4m3fn"), ("fp8", "fp8e4m3fn"), ("bf16", "bf16"), ("bf16", "mxfp4")),
+                  "gfx950": (("bf16", "fp8e4m3fn"),),
                   "gfx942": (("bf16", "fp8e4m3fnuz"),)}
+GENERIC_DTYPES = {arch: tuple((q, kv) for kv in have["kv_dtype"] for q in have["q_dtype"])
+                  for arch, have in IMPLEMENTED.items()}
 # Tile choices built as generic kernels besides the default, so `make tune` can measure
-# them on any shape without regenerating (block_n, stages).
-TUNING_TILES = {"sm90a": ((32, 3), (32, 6), (64, 2), (64, 3))}
+# them on any shape without regenerating: (block_n, stages) per (arch, kv dtype).
+TUNING_TILES = {("sm90a", "fp8e4m3fn"): ((32, 3), (32, 6), (64, 2), (64, 3)),
+                ("sm90a", "bf16"): ((32, 3), (64, 2)),
+                ("sm90a", "mxfp4"): ((32, 2), (32, 6), (64, 2))}
 
 
 def parse_shapes(text: str) -> list[tuple[int, int]]:
@@ -48,10 +55,10 @@ def load_tuning(path: str = TUNING_FILE) -> dict:
         return json.load(f)
 
 
-def heuristic_params(arch: str, batch: int, kv_len: int) -> dict:
+def heuristic_params(arch: str, batch: int, kv_len: int, kv_dtype: str = "fp8e4m3fn") -> dict:
     """Splits that fill the GPU without letting the partial outputs (32 KB a split, about
     56 tokens of fp8 KV) rival the KV bytes: at least 256 tokens a split."""
-    return dict(splits=heuristic_splits(arch, batch, kv_len), **ARCH_TILES[arch])
+    return dict(splits=heuristic_splits(arch, batch, kv_len), **default_tiles(arch, kv_dtype))
 
 
 def heuristic_splits(arch: str, batch: int, kv_len: int) -> int:
@@ -62,10 +69,13 @@ def heuristic_splits(arch: str, batch: int, kv_len: int) -> int:
 
 
 def params_for(arch: str, batch: int, kv_len: int, q_dtype: str, kv_dtype: str, tuning: dict) -> dict:
-    entry = tuning.get(arch, {}).get(f"q{q_dtype}_kv{kv_dtype}", {}).get(f"{batch}x{kv_len}")
+    table = tuning.get(arch, {})
+    shape = f"{batch}x{kv_len}"
+    # the q format changes no tiling: an fp8-q kernel takes the bf16-q measurement if it has none
+    entry = table.get(f"q{q_dtype}_kv{kv_dtype}", {}).get(shape) or table.get(f"qbf16_kv{kv_dtype}", {}).get(shape)
     if entry:
         return {k: entry[k] for k in ("splits", "block_n", "stages")}
-    return heuristic_params(arch, batch, kv_len)
+    return heuristic_params(arch, batch, kv_len, kv_dtype)
 
 
 def build_catalog(shapes: Iterable[tuple[int, int]] | None = None,
@@ -84,10 +94,14 @@ def build_catalog(shapes: Iterable[tuple[int, int]] | None = None,
     for arch in archs:
         if arch not in ARCHS:
             raise SpecError(f"arch {arch!r}: expected one of {sorted(ARCHS)}")
-        for q_dtype, kv_dtype in (dtypes or DEFAULT_DTYPES)[arch]:
-            specs.append(KernelSpec(arch, ANY, ANY, ANY, q_dtype, kv_dtype, **ARCH_TILES[arch]))
-            for block_n, stages in TUNING_TILES.get(arch, ()):
-                specs.append(KernelSpec(arch, ANY, ANY, ANY, q_dtype, kv_dtype, block_n=block_n, stages=stages))
+        specialized = (dtypes or DEFAULT_DTYPES)[arch]
+        for q_dtype, kv_dtype in dict.fromkeys(specialized + GENERIC_DTYPES.get(arch, ())):
+            specs.append(KernelSpec(arch, ANY, ANY, ANY, q_dtype, kv_dtype, **default_tiles(arch, kv_dtype)))
+            if q_dtype == "bf16":  # tile candidates: the q format does not change the tiling
+                for block_n, stages in TUNING_TILES.get((arch, kv_dtype), ()):
+                    specs.append(KernelSpec(arch, ANY, ANY, ANY, q_dtype, kv_dtype, block_n=block_n, stages=stages))
+            if (q_dtype, kv_dtype) not in specialized:
+                continue
             for batch, kv_len in sorted(set(all_shapes)):
                 p = params_for(arch, batch, kv_len, q_dtype, kv_dtype, tuning)
                 specs.append(KernelSpec(arch, batch, kv_len, q_dtype=q_dtype, kv_dtype=kv_dtype, **p))

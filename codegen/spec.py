@@ -26,6 +26,13 @@ ARCHS = {
 # Tiles an arch's kernels use when neither the tuning table nor the caller says otherwise.
 ARCH_TILES = {"sm90a": dict(block_n=32, stages=4), "gfx950": dict(block_n=32, stages=2),
               "gfx942": dict(block_n=32, stages=2)}
+# Per KV format where it differs: bf16 tiles are twice the bytes, so sm90a keeps 2 stages
+# (83 KB of shared memory, two blocks an SM) instead of 4.
+FORMAT_TILES = {("sm90a", "bf16"): dict(block_n=32, stages=2)}
+
+
+def default_tiles(arch: str, kv_dtype: str) -> dict:
+    return dict(FORMAT_TILES.get((arch, kv_dtype), ARCH_TILES[arch]))
 # Resident blocks the split heuristic aims for (SMs x blocks per SM of the default tile).
 # The generator's heuristic and the runtime's (for the generic kernel, through the
 # generated registry) both read this table.
@@ -33,12 +40,12 @@ TARGET_BLOCKS = {"sm90a": 132 * 2, "gfx950": 256 * 2, "gfx942": 304 * 2}
 Q_DTYPES = ("bf16", "fp8")
 KV_DTYPES = ("bf16", "fp8e4m3fn", "fp8e4m3fnuz", "mxfp4")
 
-# What the device code implements today. The spec grammar is wider on purpose: later
-# formats slot in by widening these sets, not by changing names.
+# What the device code implements, per arch. The spec grammar is wider on purpose: formats
+# slot in by widening these sets, not by changing names. fp8 means the arch's flavour.
 IMPLEMENTED = {
-    "arch": ("sm90a", "gfx950", "gfx942"),
-    "q_dtype": ("bf16",),
-    "kv_dtype": ("fp8e4m3fn", "fp8e4m3fnuz"),
+    "sm90a": {"q_dtype": ("bf16", "fp8"), "kv_dtype": ("bf16", "fp8e4m3fn", "mxfp4")},
+    "gfx950": {"q_dtype": ("bf16", "fp8"), "kv_dtype": ("bf16", "fp8e4m3fn", "mxfp4")},
+    "gfx942": {"q_dtype": ("bf16", "fp8"), "kv_dtype": ("bf16", "fp8e4m3fnuz", "mxfp4")},
 }
 
 ANY = 0  # batch / kv_len / splits of the generic kernel: sizes come at run time
@@ -106,7 +113,7 @@ class KernelSpec:
         non-default tiles, reachable by name only (make tune measures them)."""
         if not self.generic:
             return 0
-        default = ARCH_TILES[self.arch]
+        default = default_tiles(self.arch, self.kv_dtype)
         return 1 if (self.block_n, self.stages) == (default["block_n"], default["stages"]) else 2
 
     @property
@@ -119,7 +126,8 @@ class KernelSpec:
 
     @property
     def implemented(self) -> bool:
-        return all(getattr(self, f) in allowed for f, allowed in IMPLEMENTED.items())
+        have = IMPLEMENTED.get(self.arch, {})
+        return all(getattr(self, f) in allowed for f, allowed in have.items())
 
     # ---- parsing --------------------------------------------------------------------
     _NAME_RE = re.compile(

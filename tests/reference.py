@@ -64,3 +64,45 @@ def dequant_fp8(fp8, scale):
 def rel_l2(out, ref):
     out, ref = out.double(), ref.double()
     return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def exact_inputs(kv_lens, seed, grid="int"):
+    """Small exact values: head h attends to exactly 8 tokens of each sequence (its score 0),
+    every other token scores -64*big/24 (exp2 underflows to exactly 0), so the output is the
+    mean of 8 V rows: exact in f16, bf16 and fp32 arithmetic.
+    grid "int": V in -8..8, big 448 (fp8 / bf16 exact); grid "e2m1": V on the E2M1 values,
+    big 384 = 6 * 2^6, so the mxfp4 quantizer represents every value exactly."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    inp = make_inputs(kv_lens, seed)
+    batch, total = len(kv_lens), sum(kv_lens)
+    if grid == "int":
+        kv = torch.randint(-8, 9, (total, 1, QK), generator=g, device="cuda").float()
+        big = 448.0
+    else:
+        vals = torch.tensor(E2M1_GRID, device="cuda")
+        kv = vals[torch.randint(0, len(E2M1_GRID), (total, 1, QK), generator=g, device="cuda")]
+        kv = kv * (torch.randint(0, 2, kv.shape, generator=g, device="cuda").float() * 2 - 1)
+        big = 384.0
+    kv[:, 0, 512:] = 0.0
+    q = torch.zeros((batch, HEADS, QK), device="cuda")  # scores come from the rope dims only
+    start = 0
+    selected = []
+    for b, n in enumerate(kv_lens):
+        for h in range(HEADS):
+            q[b, h, 512 + h] = 64.0
+            kv[start:start + n, 0, 512 + h] = -big
+            pick = torch.randperm(n, generator=g, device="cuda")[:8] + start
+            kv[pick, 0, 512 + h] = 0.0
+            selected.append((b, h, pick))
+        start += n
+    inp["q"] = q.to(torch.bfloat16)
+    inp["kv_bf16"] = kv.to(torch.bfloat16)
+    inp["kv_fp8"] = kv.to(torch.float8_e4m3fn)
+    inp["kv_scale"] = torch.ones(1, device="cuda")
+    expect = torch.empty((batch, HEADS, DV), device="cuda")
+    for b, h, pick in selected:
+        expect[b, h] = kv[pick, 0, :DV].mean(0)
+    return inp, expect.to(torch.bfloat16)

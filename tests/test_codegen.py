@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from codegen import catalog, generate
-from codegen.spec import ANY, KernelSpec, SpecError
+from codegen.spec import IMPLEMENTED, ANY, KernelSpec, SpecError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -53,22 +53,29 @@ def test_default_catalog_is_the_leaderboard():
     specs = catalog.build_catalog(include_shapes_file=False)
     for arch in catalog.DEFAULT_ARCHS:
         mine = [s for s in specs if s.arch == arch]
-        shapes = sorted((s.batch, s.kv_len) for s in mine if not s.generic)
-        assert shapes == sorted(catalog.LEADERBOARD_SHAPES), arch
-        assert sum(s.role == 1 for s in mine) == 1
-        assert sum(s.role == 2 for s in mine) == len(catalog.TUNING_TILES.get(arch, ()))
+        for q_dtype, kv_dtype in catalog.DEFAULT_DTYPES[arch]:  # every leaderboard shape, specialized
+            shapes = sorted((s.batch, s.kv_len) for s in mine
+                            if not s.generic and (s.q_dtype, s.kv_dtype) == (q_dtype, kv_dtype))
+            assert shapes == sorted(catalog.LEADERBOARD_SHAPES), (arch, q_dtype, kv_dtype)
+        # one generic kernel for every implemented (q, kv) pair, tile candidates for bf16 q
+        generic = sorted((s.q_dtype, s.kv_dtype) for s in mine if s.role == 1)
+        assert generic == sorted(catalog.GENERIC_DTYPES[arch]), arch
+        assert len(generic) == len(IMPLEMENTED[arch]["q_dtype"]) * len(IMPLEMENTED[arch]["kv_dtype"])
+        assert sum(s.role == 2 for s in mine) == sum(len(v) for (a, _), v in catalog.TUNING_TILES.items() if a == arch)
+        assert all(s.implemented for s in mine)
     # every arch decodes its own fp8 flavour
-    assert {s.kv_dtype for s in specs if s.arch == "gfx942"} == {"fp8e4m3fnuz"}
-    assert {s.kv_dtype for s in specs if s.arch != "gfx942"} == {"fp8e4m3fn"}
+    assert {s.kv_dtype for s in specs if s.arch == "gfx942"} - {"bf16", "mxfp4"} == {"fp8e4m3fnuz"}
+    assert {s.kv_dtype for s in specs if s.arch != "gfx942"} - {"bf16", "mxfp4"} == {"fp8e4m3fn"}
+    assert {s.kv_dtype for s in specs if s.arch == "sm90a"} == {"fp8e4m3fn", "bf16", "mxfp4"}
     assert [s.name for s in specs] == sorted(s.name for s in specs)
 
 
 def test_user_shapes_and_shapes_file(tmp_path):
+    base = catalog.build_catalog(include_shapes_file=False)
     specs = catalog.build_catalog(catalog.parse_shapes("48x2048, 4x1024"), include_shapes_file=False)
     assert any(s.batch == 48 and s.kv_len == 2048 for s in specs)
-    n_arch = len(catalog.DEFAULT_ARCHS)
-    n_tiles = sum(len(v) for v in catalog.TUNING_TILES.values())
-    assert len(specs) == 10 * n_arch + n_tiles  # 4x1024 is already a leaderboard shape: no duplicate
+    # 48x2048 adds one kernel per specialized (arch, q, kv); 4x1024 is a leaderboard shape: no duplicate
+    assert len(specs) == len(base) + sum(len(v) for v in catalog.DEFAULT_DTYPES.values())
     with pytest.raises(SpecError, match="BATCHxKV_LEN"):
         catalog.parse_shapes("48by2048")
     assert catalog.parse_shapes("# c\n8x512\n16x300 # tail\n") == [(8, 512), (16, 300)]

@@ -37,9 +37,18 @@ def test_registry_matches_manifest(L):
 
 @pytest.mark.parametrize("batch,kv_len", catalog.LEADERBOARD_SHAPES, ids=lambda v: str(v))
 def test_leaderboard_shapes_dispatch_to_their_kernel(L, batch, kv_len):
-    info = _lib.select(Problem.make(batch, kv_len))
-    spec = next(s for s in catalog.build_catalog() if (s.arch, s.batch, s.kv_len) == ("sm90a", batch, kv_len))
-    assert info["name"] == spec.name and not info["generic"] and info["splits"] == spec.splits
+    for q_dtype, kv_dtype in catalog.DEFAULT_DTYPES["sm90a"]:
+        info = _lib.select(Problem.make(batch, kv_len, q_dtype=q_dtype, kv_dtype=kv_dtype))
+        spec = next(s for s in catalog.build_catalog()
+                    if (s.arch, s.batch, s.kv_len, s.q_dtype, s.kv_dtype) == ("sm90a", batch, kv_len, q_dtype, kv_dtype))
+        assert info["name"] == spec.name and not info["generic"] and info["splits"] == spec.splits
+        assert (info["q_dtype"], info["kv_dtype"]) == (q_dtype, kv_dtype)
+
+
+@pytest.mark.parametrize("q_dtype,kv_dtype", catalog.GENERIC_DTYPES["sm90a"])
+def test_every_format_has_a_generic_kernel(L, q_dtype, kv_dtype):
+    info = _lib.select(Problem.make(48, 2048, q_dtype=q_dtype, kv_dtype=kv_dtype))
+    assert info["generic"] and (info["q_dtype"], info["kv_dtype"]) == (q_dtype, kv_dtype)
 
 
 @pytest.mark.parametrize("fields", [dict(batch=48, kv_len=2048), dict(batch=4, kv_len=1000),
@@ -101,8 +110,36 @@ BAD = [
     (dict(out_stride_head=500), "out_stride_head=500"),
     (dict(out_stride_token=512), "out_stride_token=512"),
     (dict(q_dtype=9), "q_dtype=9"),
-    (dict(abi_version=7), "abi_version=7: expected 1"),
+    (dict(abi_version=7), "abi_version=7: expected 2"),
 ]
+
+
+# Format-specific fields: (problem dtypes, bad fields, message naming the field).
+BAD_FORMAT = [
+    (dict(kv_dtype="mxfp4"), dict(kv_scale_stride=17), "kv_scale_stride=17: expected 18..32"),
+    (dict(kv_dtype="mxfp4"), dict(kv_scale_stride=40), "kv_scale_stride=40: expected 18..32"),
+    (dict(kv_dtype="mxfp4"), dict(kv_scale=0x3008), "kv_scale: address 0x3008 not 16-byte aligned"),
+    (dict(kv_dtype="mxfp4"), dict(kv_scale=None), "kv_scale: NULL pointer \\(mxfp4"),
+    (dict(kv_dtype="mxfp4"), dict(kv_stride_token=280), "kv_stride_token=280: expected a multiple of 16 that is >= 288"),
+    (dict(kv_dtype="bf16"), dict(kv_stride_token=572), "kv_stride_token=572: expected a multiple of 8 that is >= 576"),
+    (dict(q_dtype="fp8"), dict(q_scale=None), "q_scale: NULL pointer \\(fp8 q"),
+    (dict(q_dtype="fp8"), dict(q=0x1002), "q: address 0x1002 not 4-byte aligned"),
+]
+
+
+@pytest.mark.parametrize("dtypes,fields,msg", BAD_FORMAT, ids=[m.split(":")[0] + str(i) for i, (_, _, m) in enumerate(BAD_FORMAT)])
+def test_invalid_format_fields_name_field_and_expectation(L, dtypes, fields, msg):
+    p = Problem.make(4, 1024, **dtypes)
+    assert _lib.select(p)["kv_dtype"] == dtypes.get("kv_dtype", "fp8e4m3fn")  # valid before the change
+    for k, v in fields.items():
+        setattr(p, k, v)
+    with pytest.raises(_lib.MlagenError, match=msg) as e:
+        _lib.select(p)
+    assert e.value.status == _lib.ERR_INVALID
+
+
+def test_bf16_kv_needs_no_scale(L):
+    assert _lib.select(Problem.make(4, 1024, kv_dtype="bf16", kv_scale=None))["kv_dtype"] == "bf16"
 
 
 @pytest.mark.parametrize("fields,msg", BAD, ids=[m.split(":")[0] for _, m in BAD])
@@ -118,8 +155,8 @@ def test_invalid_input_names_field_and_expectation(L, fields, msg):
 
 def test_unsupported_dtype_prints_the_key(L):
     with pytest.raises(_lib.MlagenError, match=r"no kernel for key \{arch=sm90a, batch=4, kv_len=1024, "
-                                               r"q_dtype=bf16, kv_dtype=mxfp4") as e:
-        _lib.select(Problem.make(4, 1024, kv_dtype="mxfp4"))
+                                               r"q_dtype=bf16, kv_dtype=fp8e4m3fnuz") as e:
+        _lib.select(Problem.make(4, 1024, kv_dtype="fp8e4m3fnuz"))
     assert e.value.status == _lib.ERR_UNSUPPORTED
 
 
@@ -135,7 +172,7 @@ def test_decode_refuses_a_missing_or_small_workspace_before_touching_the_gpu(L):
 def test_null_problem(L):
     assert L.mlagen_select(None, None) == _lib.ERR_INVALID
     assert L.mlagen_last_error() == b"problem: NULL pointer"
-    assert L.mlagen_decode_ptrs(None, None, None, None, None, None, None, None) == _lib.ERR_INVALID
+    assert L.mlagen_decode_ptrs(None, None, None, None, None, None, None, None, None) == _lib.ERR_INVALID
 
 
 def test_kernel_at_out_of_range(L):
@@ -146,11 +183,12 @@ def test_kernel_at_out_of_range(L):
 
 def test_kernel_by_name(L):
     names = {k["name"]: k for k in _lib.kernels()}
-    cand = [n for n, k in names.items() if k["role"] == "candidate"]
+    cand = [n for n, k in names.items() if k["role"] == "candidate" and k["kv_dtype"] == "fp8e4m3fn"]
     assert cand, "tuning candidates are built"
     info = _lib.select(Problem.make(48, 2048, kernel_name=cand[0].encode()))
     assert info["name"] == cand[0] and info["generic"]
-    spec = next(s.name for s in catalog.build_catalog() if (s.arch, s.batch, s.kv_len) == ("sm90a", 32, 8192))
+    spec = next(s.name for s in catalog.build_catalog() if (s.arch, s.batch, s.kv_len, s.q_dtype, s.kv_dtype)
+                == ("sm90a", 32, 8192, "bf16", "fp8e4m3fn"))
     assert _lib.select(Problem.make(32, 8192, kernel_name=spec.encode()))["name"] == spec
     with pytest.raises(_lib.MlagenError, match="serves batch=32 kv_len=8192 only"):
         _lib.select(Problem.make(4, 1024, kernel_name=spec.encode()))

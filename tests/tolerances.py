@@ -17,4 +17,26 @@ TOLERANCES = {
     # The small-integer case: every product, sum and the softmax weights (0 or 1) are
     # exact in f16/fp32 and the means are exact in bf16, so the output must match exactly.
     ("fp8e4m3fn", "exact"): dict(rel_l2=0.0),
+    # bf16 and mxfp4 KV run the wide path: q bf16 (exact), KV bf16 as stored or mxfp4
+    # dequantized to bf16 (exact: an E2M1 value times a power of two), fp32 accumulation,
+    # but P rounded to bf16 (2^-9 relative, ~1.1e-3 rel-L2 on the output: the rounding
+    # errors of independent tokens add like noise) plus the bf16 output rounding (~1.1e-3):
+    # ~1.6e-3 expected; 6e-3 leaves ~3.5x headroom and still catches any index error.
+    ("bf16", "same_inputs"): dict(rel_l2=6e-3),
+    ("mxfp4", "same_inputs"): dict(rel_l2=6e-3),
+    # bf16 KV against float64 on the same bf16 inputs: only the kernel's own rounding.
+    ("bf16", "bf16_inputs"): dict(rel_l2=6e-3),
+    # mxfp4 KV against float64 on the unquantized bf16 KV: the E2M1 quantization dominates.
+    # Measured with torch on CPU (float64 attention, mlagen.quant): 6.4e-2 (2x8192) to
+    # 1.25e-1 (4x1024) rel-L2. 0.2 bounds it; the same-inputs check above is the tight one.
+    ("mxfp4", "bf16_inputs"): dict(rel_l2=0.2),
+    # fp8 q (per-tensor, the leaderboard reference's recipe) adds its own quantization when
+    # compared with float64 on the bf16 q: measured (CPU, float64) 2.6e-2 with bf16 KV and
+    # up to 4.0e-2 with fp8 KV; the same-inputs check uses the dequantized fp8 q and keeps
+    # the tolerance of the KV format's path (the fp8 q decodes exactly to f16 / bf16).
+    ("fp8q", "bf16_inputs"): dict(rel_l2=6e-2),
+    # Small integers (bf16 KV) / E2M1 values (mxfp4 KV): P is 0 or 1 and the output a mean
+    # of 8 values with at most 7 significant bits: exact in bf16.
+    ("bf16", "exact"): dict(rel_l2=0.0),
+    ("mxfp4", "exact"): dict(rel_l2=0.0),
 }

@@ -78,20 +78,36 @@ mlagen_status validate(const mlagen_problem* p) {
                 "kv_dtype=%d: expected bf16, fp8e4m3fn, fp8e4m3fnuz or mxfp4", p->kv_dtype);
   MLAGEN_EXPECT(p->q, "q: NULL pointer");
   MLAGEN_EXPECT(p->kv || p->total_kv == 0, "kv: NULL pointer");
-  MLAGEN_EXPECT(p->kv_scale, "kv_scale: NULL pointer (a device float32)");
+  const bool fp8_kv = p->kv_dtype == MLAGEN_DTYPE_FP8E4M3FN || p->kv_dtype == MLAGEN_DTYPE_FP8E4M3FNUZ;
+  if (fp8_kv) MLAGEN_EXPECT(p->kv_scale, "kv_scale: NULL pointer (fp8 KV: a device float32)");
+  if (p->kv_dtype == MLAGEN_DTYPE_MXFP4) {
+    MLAGEN_EXPECT(p->kv_scale, "kv_scale: NULL pointer (mxfp4 KV: the E8M0 scale rows)");
+    MLAGEN_EXPECT(aligned(p->kv_scale, 16), "kv_scale: address %p not 16-byte aligned (mxfp4 scale rows)",
+                  p->kv_scale);
+    MLAGEN_EXPECT(p->kv_scale_stride >= 18 && p->kv_scale_stride <= 32,
+                  "kv_scale_stride=%lld: expected 18..32 bytes between two tokens' mxfp4 scale rows (18 blocks of 32 "
+                  "dims; 24 when padded)", (long long)p->kv_scale_stride);
+  }
+  if (p->q_dtype == MLAGEN_DTYPE_FP8) MLAGEN_EXPECT(p->q_scale, "q_scale: NULL pointer (fp8 q: a device float32)");
   MLAGEN_EXPECT(p->qo_indptr, "qo_indptr: NULL pointer");
   MLAGEN_EXPECT(p->kv_indptr, "kv_indptr: NULL pointer");
   MLAGEN_EXPECT(p->out, "out: NULL pointer");
-  // Layout: the kernels read q in 8-byte pieces, kv rows and out in 16-byte pieces.
-  MLAGEN_EXPECT(aligned(p->q, 8), "q: address %p not 8-byte aligned", p->q);
+  // Layout: the kernels read q in 4-byte (fp8) / 8-byte (bf16) pieces, kv rows and out in
+  // 16-byte pieces.
+  const int q_align = p->q_dtype == MLAGEN_DTYPE_FP8 ? 4 : 8;
+  MLAGEN_EXPECT(aligned(p->q, q_align), "q: address %p not %d-byte aligned", p->q, q_align);
   MLAGEN_EXPECT(p->q_stride_head >= 1 && p->q_stride_head % 4 == 0,
                 "q_stride_head=%lld: expected a positive multiple of 4 elements", (long long)p->q_stride_head);
   MLAGEN_EXPECT(p->q_stride_token >= 1 && p->q_stride_token % 4 == 0,
                 "q_stride_token=%lld: expected a positive multiple of 4 elements", (long long)p->q_stride_token);
   MLAGEN_EXPECT(aligned(p->kv, 16), "kv: address %p not 16-byte aligned", p->kv);
-  MLAGEN_EXPECT(p->kv_stride_token >= p->qk_dim && p->kv_stride_token % 16 == 0,
-                "kv_stride_token=%lld: expected a multiple of 16 that is >= 576 (one row per token, dims contiguous)",
-                (long long)p->kv_stride_token);
+  // A row's elements and the stride unit: fp8 576 bytes; bf16 576 elements of 2 bytes
+  // (16-byte rows: a multiple of 8); mxfp4 288 bytes.
+  const int64_t row = p->kv_dtype == MLAGEN_DTYPE_MXFP4 ? 288 : 576;
+  const int64_t unit = p->kv_dtype == MLAGEN_DTYPE_BF16 ? 8 : 16;
+  MLAGEN_EXPECT(p->kv_stride_token >= row && p->kv_stride_token % unit == 0,
+                "kv_stride_token=%lld: expected a multiple of %lld that is >= %lld (%s: one row per token, dims "
+                "contiguous)", (long long)p->kv_stride_token, (long long)unit, (long long)row, dtype_name(p->kv_dtype));
   MLAGEN_EXPECT(aligned(p->out, 16), "out: address %p not 16-byte aligned", p->out);
   MLAGEN_EXPECT(p->out_stride_head >= p->v_dim && p->out_stride_head % 8 == 0,
                 "out_stride_head=%lld: expected a multiple of 8 that is >= 512", (long long)p->out_stride_head);
@@ -240,11 +256,13 @@ mlagen_status mlagen_decode(const mlagen_problem* p, mlagen_kernel_info* ran) {
   return st;
 }
 
-mlagen_status mlagen_decode_ptrs(const mlagen_problem* tmpl, const void* q, const void* kv, const float* kv_scale,
-                                 const int32_t* qo_indptr, const int32_t* kv_indptr, void* out, void* stream) {
+mlagen_status mlagen_decode_ptrs(const mlagen_problem* tmpl, const void* q, const float* q_scale, const void* kv,
+                                 const void* kv_scale, const int32_t* qo_indptr, const int32_t* kv_indptr, void* out,
+                                 void* stream) {
   if (!tmpl) return fail(MLAGEN_ERR_INVALID, "problem: NULL pointer");
   mlagen_problem p = *tmpl;
   p.q = q;
+  p.q_scale = q_scale;
   p.kv = kv;
   p.kv_scale = kv_scale;
   p.qo_indptr = qo_indptr;

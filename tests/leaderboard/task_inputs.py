@@ -2,36 +2,51 @@
 shared/leaderboard.md. Only torch is needed; every function runs on CPU or CUDA tensors.
 
   generate_input(batch, kv_len, seed)  the task's tuple (q, kv_data, qo_indptr, kv_indptr, config)
-  quantize_fp8 / dequantize_fp8        per-tensor dynamic fp8 (e4m3fn), the task's exact recipe
-  quantize_mxfp4 / dequantize_mxfp4    block-32 E2M1 + E8M0, the aiter dynamic_mxfp4_quant recipe
+  quantize_fp8 / dequantize_fp8        per-tensor dynamic fp8 (e4m3fn), the task's exact recipe  } from
+  quantize_mxfp4 / dequantize_mxfp4    block-32 E2M1 + E8M0, the aiter dynamic_mxfp4_quant recipe } mlagen.quant
   reference_a8w8(data)                 the check's reference: fp8 q, fp8 KV, float32 attention
   check_output(data, output)           allclose(rtol=.1, atol=.1) with <= 5% of elements outside
 
-MXFP4, worked by hand on one block of 32 values (the other 16 are zeros):
-
-    x      =  0   .4   .5   1   1.5  2   2.5  3   3.5  4   5   6   7   -7   -1   -.4   0 ... 0
-    amax = 7 = 1.75 * 2^2: float32 bits 0x40E00000. The quantizer adds 0x200000 (0.25 of the
-    significand) and drops the 23 mantissa bits: 0x40E00000 + 0x200000 = 0x41000000 = 8.0, so
-    amax rounds up to 8 (any significand >= 1.75 rounds up to the next power of two) and
-    e = floor(log2 8) - 2 = 1: scale 2^1, E8M0 byte 127 + 1 = 128.
-    (Without the round-up e would be 0 and 7 would saturate to 6.)
-    x / 2  =  0   .2   .25  .5  .75  1   1.25 1.5 1.75 2   2.5 3   3.5 -3.5 -.5  -.2   0 ... 0
-    nearest E2M1 magnitude {0, .5, 1, 1.5, 2, 3, 4, 6}, ties to the even code:
-    value  =  0   0    0    .5  1    1   1    1.5 2    2   2   3   4   -4   -.5  -0    0 ... 0
-    code   =  0   0    0    1   2    2   2    3   4    4   4   5   6   14   9    8     0 ... 0
-    (.25 -> 0, .75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4 are the ties; the sign is
-    bit 3, kept even when the magnitude rounds to 0: -.2 -> code 8, "-0")
-    bytes (low nibble = even index) = 00 10 22 32 44 54 e6 89 00 00 00 00 00 00 00 00
-    dequantized = value * 2 = 0 0 0 1 2 2 2 3 4 4 4 6 8 -8 -1 -0 0 ... 0
-
-tests/leaderboard/test_task_inputs.py checks exactly this block.
+The quantizers live in the package (runtime/python/mlagen/quant.py, with the hand-worked
+MXFP4 blocks in its docstring) and are re-exported here under their old names.
 """
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import math
+import os
+import sys
 from dataclasses import asdict, dataclass
 
 import torch
+
+
+def _import_quant():
+    """mlagen.quant: the package's module when runtime/python is on sys.path (pytest's
+    conftest, users); otherwise the same file loaded on its own as `_mlagen_quant`, without
+    importing (or making importable) the `mlagen` package. The harness's worker process takes
+    that path: it keeps runtime/python off sys.path so a submission has to carry its binding."""
+    runtime = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "runtime", "python"))
+    if "mlagen.quant" in sys.modules or any(os.path.abspath(p or os.curdir) == runtime for p in sys.path):
+        try:
+            return importlib.import_module("mlagen.quant")
+        except ImportError:
+            pass  # the package does not import here: the file on its own still does
+    if "_mlagen_quant" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("_mlagen_quant", os.path.join(runtime, "mlagen", "quant.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["_mlagen_quant"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["_mlagen_quant"]
+
+
+_quant = _import_quant()
+# re-exports under the names this module always had
+FP8_DTYPE, MX_BLOCK, E2M1_VALUES = _quant.FP8_DTYPE, _quant.MX_BLOCK, _quant.E2M1_VALUES
+quantize_fp8, dequantize_fp8, quantize_q_fp8 = _quant.quantize_fp8, _quant.dequantize_fp8, _quant.quantize_q_fp8
+quantize_mxfp4, dequantize_mxfp4, make_kv_formats = (_quant.quantize_mxfp4, _quant.dequantize_mxfp4,
+                                                     _quant.make_kv_formats)
 
 NUM_HEADS = 16
 NUM_KV_HEADS = 1
@@ -40,103 +55,9 @@ QK_ROPE_HEAD_DIM = 64
 QK_HEAD_DIM = KV_LORA_RANK + QK_ROPE_HEAD_DIM  # 576
 V_HEAD_DIM = KV_LORA_RANK  # 512
 SM_SCALE = 1.0 / math.sqrt(QK_HEAD_DIM)
-FP8_DTYPE = torch.float8_e4m3fn  # OCP e4m3 (NVIDIA, MI355X); max 448
-MX_BLOCK = 32
-E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 RTOL = ATOL = 0.1
 MAX_MISMATCH = 0.05
-
-
-# --------------------------------------------------------------------------- fp8
-
-def quantize_fp8(tensor: torch.Tensor, dtype: torch.dtype = FP8_DTYPE) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-tensor dynamic fp8 (sglang scaled_fp8_quant), as the task does it: the arithmetic
-    runs in the input's dtype (bf16), so the scale is amax/fp8_max rounded to bf16.
-    Returns (fp8 tensor, scale (1,) float32); dequantize as fp8.float() * scale."""
-    finfo = torch.finfo(dtype)
-    amax = tensor.abs().amax().clamp(min=1e-12)
-    scale = amax / finfo.max
-    fp8 = (tensor / scale).clamp(min=finfo.min, max=finfo.max).to(dtype)
-    return fp8, scale.to(torch.float32).reshape(1)
-
-
-def dequantize_fp8(fp8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    return fp8.to(torch.float32) * scale.to(torch.float32)
-
-
-# --------------------------------------------------------------------------- mxfp4
-
-def _e2m1_codes(qx: torch.Tensor) -> torch.Tensor:
-    """float32 (already divided by the block scale) -> 4-bit E2M1 codes (uint8): the nearest
-    of E2M1_VALUES, ties to the even code, saturating at 6; bit 3 = the sign bit of qx."""
-    a = qx.abs()
-    code = ((a > 0.25).to(torch.uint8) + (a >= 0.75).to(torch.uint8) + (a > 1.25).to(torch.uint8)
-            + (a >= 1.75).to(torch.uint8) + (a > 2.5).to(torch.uint8) + (a >= 3.5).to(torch.uint8)
-            + (a > 5.0).to(torch.uint8))
-    return code | (torch.signbit(qx).to(torch.uint8) << 3)
-
-
-def quantize_mxfp4(x: torch.Tensor, *, pad_scales: bool = False, pad_value: int = 255,
-                   chunk_rows: int = 1 << 16) -> tuple[torch.Tensor, torch.Tensor]:
-    """MXFP4 (aiter dynamic_mxfp4_quant): blocks of 32 consecutive values along the last dim.
-
-    Per block: amax = max|x| (float32); round it up when its mantissa is >= 1.75 (bits +
-    0x200000, mantissa dropped); e = floor(log2(rounded amax)) - 2 clamped to [-127, 127];
-    scale byte = e + 127 (E8M0: 2^(b-127)); each x / 2^e goes to the nearest E2M1 magnitude
-    (ties to even, saturating at 6) with its sign. Two codes per byte, low nibble = even index.
-
-    x (..., N) with N % 32 == 0 -> (data uint8 (..., N/2), scales uint8 (rows, N/32)), rows =
-    the product of the leading dims. pad_scales: the scale tensor padded as some versions of the
-    quantizer return it (rows to a multiple of 256, blocks to a multiple of 8), padding =
-    pad_value (255 = NaN, so a reader of the padding shows up)."""
-    *lead, n = x.shape
-    if n % MX_BLOCK:
-        raise ValueError(f"quantize_mxfp4: last dim {n} is not a multiple of {MX_BLOCK}")
-    rows, nb = math.prod(lead), n // MX_BLOCK
-    x2 = x.reshape(rows, n)
-    data = torch.empty((rows, n // 2), dtype=torch.uint8, device=x.device)
-    scales = torch.empty((rows, nb), dtype=torch.uint8, device=x.device)
-    for r0 in range(0, rows, chunk_rows):
-        r1 = min(rows, r0 + chunk_rows)
-        xb = x2[r0:r1].to(torch.float32).reshape(r1 - r0, nb, MX_BLOCK)
-        bits = xb.abs().amax(dim=-1).contiguous().view(torch.int32)
-        bits = (bits + 0x200000) & -0x800000  # & 0xFF800000: keep sign and exponent
-        e = (((bits >> 23) & 0xFF) - 127 - 2).clamp(-127, 127)  # floor(log2(.)) of a power of 2
-        scales[r0:r1] = (e + 127).to(torch.uint8)
-        codes = _e2m1_codes(xb * torch.exp2(-e.to(torch.float32)).unsqueeze(-1)).reshape(r1 - r0, n)
-        data[r0:r1] = codes[:, 0::2] | (codes[:, 1::2] << 4)
-    data = data.reshape(*lead, n // 2)
-    if pad_scales:
-        prow, pblk = -(-rows // 256) * 256, -(-nb // 8) * 8
-        padded = torch.full((prow, pblk), pad_value, dtype=torch.uint8, device=x.device)
-        padded[:rows, :nb] = scales
-        scales = padded
-    return data, scales
-
-
-def dequantize_mxfp4(data: torch.Tensor, scales: torch.Tensor, *, chunk_rows: int = 1 << 16) -> torch.Tensor:
-    """(data uint8 (..., N/2), scales uint8 (>= rows, >= N/32)) -> float32 (..., N).
-    A scale tensor with padding (more rows, or a row stride above N/32) is accepted; the
-    padding is ignored. E8M0 byte 255 is NaN."""
-    *lead, half = data.shape
-    n, rows = 2 * half, math.prod(lead)
-    nb = n // MX_BLOCK
-    if scales.dim() != 2 or scales.shape[0] < rows or scales.shape[1] < nb:
-        raise ValueError(f"dequantize_mxfp4: scales {tuple(scales.shape)} for {rows} rows of {nb} blocks")
-    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=data.device)
-    d2 = data.reshape(rows, half)
-    out = torch.empty((rows, n), dtype=torch.float32, device=data.device)
-    for r0 in range(0, rows, chunk_rows):
-        r1 = min(rows, r0 + chunk_rows)
-        b = d2[r0:r1]
-        codes = torch.stack((b & 0xF, b >> 4), dim=-1).reshape(r1 - r0, n).long()
-        vals = table[codes & 7]
-        vals = torch.where((codes & 8) != 0, -vals, vals)
-        s = scales[r0:r1, :nb].to(torch.float32)
-        s = torch.where(s == 255, torch.full_like(s, float("nan")), torch.exp2(s - 127))
-        out[r0:r1] = (vals.reshape(r1 - r0, nb, MX_BLOCK) * s.unsqueeze(-1)).reshape(r1 - r0, n)
-    return out.reshape(*lead, n)
 
 
 # --------------------------------------------------------------------------- inputs

@@ -10,7 +10,7 @@ from .task_inputs import (E2M1_VALUES, SM_SCALE, attention_reference, check_outp
                           dequantize_fp8, dequantize_mxfp4, generate_input, quantize_fp8, quantize_mxfp4,
                           reference_a8w8)
 
-# The block worked by hand in task_inputs' docstring.
+# The block worked by hand in mlagen/quant.py's docstring (re-exported by task_inputs).
 HAND_X = [0, .4, .5, 1, 1.5, 2, 2.5, 3, 3.5, 4, 5, 6, 7, -7, -1, -.4] + [0] * 16
 HAND_BYTES = [0x00, 0x10, 0x22, 0x32, 0x44, 0x54, 0xE6, 0x89] + [0] * 8
 HAND_DEQ = [0, 0, 0, 1, 2, 2, 2, 3, 4, 4, 4, 6, 8, -8, -1, -0.0] + [0] * 16
@@ -85,7 +85,7 @@ def test_mxfp4_padded_scales_and_roundtrip():
     kv = torch.randn(300, 1, 576, generator=g).to(torch.bfloat16)
     data, scales = quantize_mxfp4(kv)
     assert tuple(data.shape) == (300, 1, 288) and tuple(scales.shape) == (300, 18)
-    pdata, pscales = quantize_mxfp4(kv, pad_scales=True)
+    pdata, pscales = quantize_mxfp4(kv, pad_scales=True, pad_value=255)  # NaN padding: a reader would show
     assert tuple(pscales.shape) == (512, 24) and torch.equal(pdata, data)
     assert (pscales[300:] == 255).all() and (pscales[:, 18:] == 255).all()
     deq = dequantize_mxfp4(data, scales)

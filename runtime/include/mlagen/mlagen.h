@@ -21,7 +21,7 @@ extern "C" {
 #define MLAGEN_API
 #endif
 
-#define MLAGEN_ABI_VERSION 1
+#define MLAGEN_ABI_VERSION 2
 
 typedef enum {
   MLAGEN_OK = 0,
@@ -37,7 +37,7 @@ typedef enum {
   MLAGEN_DTYPE_FP8E4M3FN = 2,   /* OCP e4m3 (NVIDIA, gfx950), max 448 */
   MLAGEN_DTYPE_FP8E4M3FNUZ = 3, /* gfx942 e4m3 fnuz, max 240 */
   MLAGEN_DTYPE_MXFP4 = 4,       /* fp4x2 E2M1 data + E8M0 scale per 32 values */
-  MLAGEN_DTYPE_FP8 = 5          /* q only: the arch's fp8 flavour */
+  MLAGEN_DTYPE_FP8 = 5          /* q only: the arch's fp8 flavour (e4m3fn; e4m3fnuz on gfx942) */
 } mlagen_dtype;
 
 /* Device-side input check results, OR-ed into the workspace's error word. */
@@ -60,12 +60,16 @@ typedef struct {
   float sm_scale;            /* softmax scale, 1/sqrt(576) */
   int32_t splits;            /* 0: the kernel's / runtime's choice; > 0: force (generic kernel) */
   int32_t force_generic;     /* nonzero: skip the specialized table */
-  const void* q;             /* [total_q, num_heads, qk_dim], dims contiguous */
+  const void* q;             /* [total_q, num_heads, qk_dim], dims contiguous; bf16 or fp8 */
   int64_t q_stride_token;    /* elements */
   int64_t q_stride_head;     /* elements */
-  const void* kv;            /* [total_kv, qk_dim] bytes for fp8, dims contiguous */
-  int64_t kv_stride_token;   /* elements */
-  const float* kv_scale;     /* device pointer, one float32 (per-tensor dequant scale) */
+  const void* kv;            /* [total_kv, row] dims contiguous: fp8 576 bytes, bf16 576 elements,
+                                mxfp4 288 bytes (two E2M1 a byte, low nibble = even dim) */
+  int64_t kv_stride_token;   /* elements (bytes for fp8 and mxfp4, bf16 elements for bf16) */
+  const void* kv_scale;      /* device pointer. fp8: one float32 (dequant = kv * scale).
+                                mxfp4: E8M0 bytes [total_kv, kv_scale_stride], the first 18 of a
+                                row used (2^(b-127) for dims 32k..32k+31), 16-byte aligned base.
+                                bf16: unused (may be NULL). */
   const int32_t* qo_indptr;  /* device, batch+1 */
   const int32_t* kv_indptr;  /* device, batch+1 */
   void* out;                 /* [total_q, num_heads, v_dim] bf16 */
@@ -75,6 +79,9 @@ typedef struct {
   size_t workspace_bytes;
   void* stream;              /* cudaStream_t / hipStream_t; NULL = default stream */
   const char* kernel_name;   /* NULL: dispatch; else run exactly this kernel (tests, tuning) */
+  int64_t kv_scale_stride;   /* mxfp4: bytes between two tokens' scale rows, 18..32 (18 packed,
+                                24 as padded quantizers return it); ignored otherwise */
+  const float* q_scale;      /* fp8 q: device pointer, one float32 (dequant = q * scale); else unused */
 } mlagen_problem;
 
 typedef struct {
@@ -93,9 +100,10 @@ MLAGEN_API mlagen_status mlagen_select(const mlagen_problem* p, mlagen_kernel_in
 MLAGEN_API size_t mlagen_workspace_bytes(const mlagen_problem* p);
 /* Validate, choose, launch on p->stream. Asynchronous: no host-device synchronization. */
 MLAGEN_API mlagen_status mlagen_decode(const mlagen_problem* p, mlagen_kernel_info* ran /* may be NULL */);
-/* Same with the per-call pointers passed apart from a prepared problem (cheap to call). */
-MLAGEN_API mlagen_status mlagen_decode_ptrs(const mlagen_problem* p, const void* q, const void* kv,
-                                 const float* kv_scale, const int32_t* qo_indptr,
+/* Same with the per-call pointers passed apart from a prepared problem (cheap to call).
+ * kv_scale is the format's scale pointer as in mlagen_problem; q_scale for fp8 q (else NULL). */
+MLAGEN_API mlagen_status mlagen_decode_ptrs(const mlagen_problem* p, const void* q, const float* q_scale,
+                                 const void* kv, const void* kv_scale, const int32_t* qo_indptr,
                                  const int32_t* kv_indptr, void* out, void* stream);
 /* Read and clear the device-side error word in a workspace (synchronizes the stream). */
 MLAGEN_API mlagen_status mlagen_take_device_errors(void* workspace, void* stream, uint32_t* errors);

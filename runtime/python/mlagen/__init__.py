@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import ctypes
 
+from . import _lib
 from ._lib import (DTYPE, KernelInfo, MlagenError, Problem, fingerprint, kernels, lib,  # noqa: F401
                    library_path, raise_for, select)
 
-__all__ = ["decode", "leaderboard_entry", "prepare", "check_device_errors", "kernels", "select", "fingerprint", "MlagenError",
+__all__ = ["decode", "leaderboard_entry", "prepare", "resolve_format", "KV_FORMATS", "FASTEST_ORDER", "check_device_errors", "kernels", "select", "fingerprint", "MlagenError",
            "Problem", "library_path", "last_kernel"]
 
 _QK, _DV, _HEADS = 576, 512, 16
@@ -43,14 +44,49 @@ def _get_raw_stream(device_index: int) -> int:
     return torch.cuda.current_stream(device_index).cuda_stream
 
 
-def _kv_dtype_name(t) -> str:
+# The KV formats decode() takes, and the order "fastest" tries them in per arch: measured on
+# the H200 (bench/results/formats.json, docs/perf.md); the AMD orders are the same until
+# measured on an MI355X / MI300X.
+KV_FORMATS = ("fp8", "bf16", "mxfp4")
+FASTEST_ORDER = {"sm90a": ("fp8", "mxfp4", "bf16"), "gfx950": ("fp8", "mxfp4", "bf16"),
+                 "gfx942": ("fp8", "mxfp4", "bf16")}
+
+
+def _fp8_names():
     torch = _torch()
-    names = {torch.float8_e4m3fn: "fp8e4m3fn", torch.bfloat16: "bf16"}
+    names = {torch.float8_e4m3fn: "fp8e4m3fn"}
     if hasattr(torch, "float8_e4m3fnuz"):
         names[torch.float8_e4m3fnuz] = "fp8e4m3fnuz"
-    if t not in names:
-        raise MlagenError(1, f"kv: dtype {t}: expected torch.float8_e4m3fn (fp8 KV)")
-    return names[t]
+    return names
+
+
+def _kv_dtype_name(kv_format: str, kv, kv_scale) -> str:
+    """The C dtype of a KV entry, checking the tensors match the named format."""
+    torch = _torch()
+    if kv_format == "fp8":
+        names = _fp8_names()
+        if kv.dtype not in names:
+            raise MlagenError(1, f"kv: dtype {kv.dtype}: expected torch.float8_e4m3fn (or float8_e4m3fnuz on "
+                                 f"gfx942) for kv_format='fp8'")
+        if kv_scale is None or kv_scale.dtype != torch.float32 or kv_scale.numel() != 1:
+            raise MlagenError(1, f"kv_scale: {None if kv_scale is None else (kv_scale.dtype, kv_scale.numel())}: "
+                                 f"expected one float32 (the per-tensor fp8 scale)")
+        return names[kv.dtype]
+    if kv_format == "bf16":
+        if kv.dtype != torch.bfloat16:
+            raise MlagenError(1, f"kv: dtype {kv.dtype}: expected torch.bfloat16 for kv_format='bf16'")
+        return "bf16"
+    if kv_format == "mxfp4":
+        packed = (torch.uint8,) + tuple(getattr(torch, n) for n in ("float4_e2m1fn_x2",) if hasattr(torch, n))
+        if kv.dtype not in packed:
+            raise MlagenError(1, f"kv: dtype {kv.dtype}: expected torch.uint8 (fp4x2 E2M1, 288 bytes a token) "
+                                 f"for kv_format='mxfp4'")
+        scale_types = (torch.uint8,) + tuple(getattr(torch, n) for n in ("float8_e8m0fnu",) if hasattr(torch, n))
+        if kv_scale is None or kv_scale.dtype not in scale_types or kv_scale.dim() != 2 or kv_scale.stride(1) != 1:
+            raise MlagenError(1, "kv_scale: expected the E8M0 scale rows, uint8 (total_kv, >= 18) with contiguous "
+                                 f"blocks; got {None if kv_scale is None else (kv_scale.dtype, tuple(kv_scale.shape))}")
+        return "mxfp4"
+    raise MlagenError(1, f"kv_format={kv_format!r}: expected one of {KV_FORMATS} or 'fastest'")
 
 
 class _Workspace:
@@ -89,8 +125,9 @@ class Plan:
         self.workspace = ws
         self.problem.workspace, self.problem.workspace_bytes = ws.data_ptr(), ws.numel()
 
-    def run(self, q, kv, kv_scale, qo_indptr, kv_indptr, out, stream) -> None:
-        status = self._run(self._pp, q.data_ptr(), kv.data_ptr(), kv_scale.data_ptr(), qo_indptr.data_ptr(),
+    def run(self, q, q_scale, kv, kv_scale, qo_indptr, kv_indptr, out, stream) -> None:
+        status = self._run(self._pp, q.data_ptr(), q_scale.data_ptr() if q_scale is not None else None, kv.data_ptr(),
+                           kv_scale.data_ptr() if kv_scale is not None else None, qo_indptr.data_ptr(),
                            kv_indptr.data_ptr(), out.data_ptr(), stream)
         if status:
             raise_for(status)
@@ -106,43 +143,95 @@ def last_kernel() -> dict | None:
     return _last_plan.info if _last_plan is not None else None
 
 
+def _build_arch() -> str:
+    return lib().mlagen_build_archs().decode()
+
+
+def resolve_format(kv_data, kv_format: str) -> str:
+    """kv_format, with "fastest" made concrete: the first of this build's FASTEST_ORDER
+    that kv_data holds."""
+    if kv_format != "fastest":
+        return kv_format
+    if not isinstance(kv_data, dict):
+        raise MlagenError(1, "kv_format='fastest': expected kv_data as the leaderboard's dict of formats")
+    for f in FASTEST_ORDER.get(_build_arch(), KV_FORMATS):
+        if f in kv_data:
+            return f
+    raise MlagenError(1, f"kv_data: none of {KV_FORMATS} present (has {sorted(kv_data)})")
+
+
 def _unpack_kv(kv_data, kv_format: str):
+    """(kv tensor, its scale tensor or None) of one format. kv_data is the leaderboard's dict
+    ({"bf16": tensor, "fp8": (tensor, scale), "mxfp4": (data, scales)}) or one entry."""
     if isinstance(kv_data, dict):
         if kv_format not in kv_data:
             raise MlagenError(1, f"kv_data: no {kv_format!r} entry (has {sorted(kv_data)}); "
-                                 f"expected kv_data['{kv_format}'] = (tensor, scale)")
+                                 f"expected kv_data['{kv_format}']")
         kv_data = kv_data[kv_format]
+    if kv_format == "bf16" and not isinstance(kv_data, (tuple, list)):
+        return kv_data, None
     if not (isinstance(kv_data, (tuple, list)) and len(kv_data) == 2):
-        raise MlagenError(1, "kv_data: expected (kv tensor [total_kv, 1, 576], scale tensor (1,) float32)")
-    return kv_data
+        raise MlagenError(1, f"kv_data[{kv_format!r}]: expected (kv tensor, scale tensor)"
+                             + (" or the bf16 tensor" if kv_format == "bf16" else ""))
+    return kv_data[0], kv_data[1]
 
 
-def prepare(q, kv, kv_scale, qo_indptr, kv_indptr, config: dict, *, force_generic=False, splits=0,
-            kernel=None) -> Plan:
+def _prepare_q(q, q_dtype: str, q_scale):
+    """(q as the kernel reads it, its scale or None). fp8 q: an fp8 tensor with q_scale, or a
+    bf16 tensor quantized here per tensor as the leaderboard's reference does it."""
+    torch = _torch()
+    if q_dtype == "bf16":
+        if q.dtype != torch.bfloat16:
+            raise MlagenError(1, f"q: dtype {q.dtype}: expected torch.bfloat16 for q_dtype='bf16'")
+        return q, None
+    if q_dtype != "fp8":
+        raise MlagenError(1, f"q_dtype={q_dtype!r}: expected 'bf16' or 'fp8'")
+    if q.dtype == torch.bfloat16:
+        if q_scale is not None:
+            raise MlagenError(1, "q_scale: given with a bf16 q; pass an fp8 q with its scale, or neither")
+        from . import quant
+        fp8 = torch.float8_e4m3fnuz if _build_arch() == "gfx942" else torch.float8_e4m3fn
+        return quant.quantize_q_fp8(q, fp8)
+    if q.dtype not in _fp8_names():
+        raise MlagenError(1, f"q: dtype {q.dtype}: expected bf16 (quantized here) or fp8 for q_dtype='fp8'")
+    if q_scale is None or q_scale.dtype != torch.float32 or q_scale.numel() != 1 or q_scale.device != q.device:
+        raise MlagenError(1, "q_scale: expected one float32 on q's device (fp8 q: dequant = q * q_scale)")
+    return q, q_scale
+
+
+def prepare(q, kv, kv_scale, qo_indptr, kv_indptr, config: dict, *, kv_format: str = "fp8", q_scale=None,
+            force_generic=False, splits=0, kernel=None) -> Plan:
     torch = _torch()
     dev = q.device
     if dev.type != "cuda":
         raise MlagenError(1, f"q: on {dev}, expected a CUDA tensor")
-    for name, t in (("kv", kv), ("kv_scale", kv_scale), ("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr)):
-        if t.device != dev:
+    for name, t in (("kv", kv), ("kv_scale", kv_scale), ("q_scale", q_scale), ("qo_indptr", qo_indptr),
+                    ("kv_indptr", kv_indptr)):
+        if t is not None and t.device != dev:
             raise MlagenError(1, f"{name}: on {t.device}, expected {dev} (the device of q)")
-    if q.dtype != torch.bfloat16:
-        raise MlagenError(1, f"q: dtype {q.dtype}: expected torch.bfloat16")
+    if q.dtype == torch.bfloat16:
+        q_dtype = "bf16"
+    elif q.dtype in _fp8_names():
+        q_dtype = "fp8"
+    else:
+        raise MlagenError(1, f"q: dtype {q.dtype}: expected torch.bfloat16 or fp8 with q_scale")
     if q.dim() != 3 or q.shape[2] != _QK or q.stride(2) != 1:
         raise MlagenError(1, f"q: shape {tuple(q.shape)} strides {q.stride()}: expected (total_q, 16, 576) "
                              f"with contiguous dims")
-    if kv.dim() == 3:
-        if kv.shape[1] != 1:
-            raise MlagenError(1, f"kv: shape {tuple(kv.shape)}: expected (total_kv, 1, 576) (one KV head)")
-        kv_rows, kv_stride = kv.shape[0], kv.stride(0)
-    elif kv.dim() == 2:
-        kv_rows, kv_stride = kv.shape[0], kv.stride(0)
-    else:
-        raise MlagenError(1, f"kv: shape {tuple(kv.shape)}: expected (total_kv, 1, 576)")
-    if kv.shape[-1] != _QK or kv.stride(-1) != 1:
-        raise MlagenError(1, f"kv: shape {tuple(kv.shape)}: expected last dim 576, contiguous")
-    if kv_scale.dtype != torch.float32 or kv_scale.numel() != 1:
-        raise MlagenError(1, f"kv_scale: {kv_scale.dtype} with {kv_scale.numel()} elements: expected one float32")
+    kv_dtype = _kv_dtype_name(kv_format, kv, kv_scale)
+    row = _QK // 2 if kv_dtype == "mxfp4" else _QK
+    if kv.dim() == 3 and kv.shape[1] != 1:
+        raise MlagenError(1, f"kv: shape {tuple(kv.shape)}: expected (total_kv, 1, {row}) (one KV head)")
+    if kv.dim() not in (2, 3) or kv.shape[-1] != row or kv.stride(-1) != 1:
+        raise MlagenError(1, f"kv: shape {tuple(kv.shape)} strides {kv.stride()}: expected (total_kv, 1, {row}) "
+                             f"with contiguous dims ({kv_format})")
+    kv_rows, kv_stride = kv.shape[0], kv.stride(0)
+    scale_stride = 0
+    if kv_dtype == "mxfp4":
+        if kv_scale.shape[0] < kv_rows or kv_scale.shape[1] < 18:
+            raise MlagenError(1, f"kv_scale: shape {tuple(kv_scale.shape)}: expected at least ({kv_rows}, 18) "
+                                 f"(one E8M0 scale per 32 dims of every token)")
+        scale_stride = kv_scale.stride(0)
     for name, t in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr)):
         if t.dtype != torch.int32 or t.dim() != 1 or not t.is_contiguous():
             raise MlagenError(1, f"{name}: {t.dtype} shape {tuple(t.shape)}: expected contiguous int32 (batch+1,)")
@@ -153,17 +242,19 @@ def prepare(q, kv, kv_scale, qo_indptr, kv_indptr, config: dict, *, force_generi
     kv_len = int(config.get("kv_seq_len") or 0)
     if kv_len and kv_rows != batch * kv_len:
         kv_len = 0  # lengths are not uniform: the generic kernel reads them from kv_indptr
-    p = Problem(abi_version=1, batch=batch, num_heads=int(config.get("num_heads", q.shape[1])),
+    p = Problem(abi_version=_lib.ABI_VERSION, batch=batch, num_heads=int(config.get("num_heads", q.shape[1])),
                 num_kv_heads=int(config.get("num_kv_heads", 1)), q_len=int(config.get("q_seq_len", 1)),
                 qk_dim=int(config.get("qk_head_dim", _QK)), v_dim=int(config.get("v_head_dim", _DV)),
-                kv_len=kv_len, total_q=q.shape[0], total_kv=kv_rows, q_dtype=DTYPE["bf16"],
-                kv_dtype=DTYPE[_kv_dtype_name(kv.dtype)], sm_scale=float(config.get("sm_scale", _QK ** -0.5)),
+                kv_len=kv_len, total_q=q.shape[0], total_kv=kv_rows, q_dtype=DTYPE[q_dtype],
+                kv_dtype=DTYPE[kv_dtype], sm_scale=float(config.get("sm_scale", _QK ** -0.5)),
                 splits=splits, force_generic=int(bool(force_generic)),
                 q=q.data_ptr(), q_stride_token=q.stride(0), q_stride_head=q.stride(1),
-                kv=kv.data_ptr(), kv_stride_token=kv_stride, kv_scale=kv_scale.data_ptr(),
+                kv=kv.data_ptr(), kv_stride_token=kv_stride,
+                kv_scale=kv_scale.data_ptr() if kv_scale is not None else None,
                 qo_indptr=qo_indptr.data_ptr(), kv_indptr=kv_indptr.data_ptr(),
                 out=0x100, out_stride_token=_HEADS * _DV, out_stride_head=_DV,
-                kernel_name=kernel.encode() if kernel else None)
+                kernel_name=kernel.encode() if kernel else None, kv_scale_stride=scale_stride,
+                q_scale=q_scale.data_ptr() if q_scale is not None else None)
     if q.shape[1] != p.num_heads:
         raise MlagenError(1, f"q: {q.shape[1]} heads but config num_heads={p.num_heads}")
     L = lib()
@@ -189,78 +280,99 @@ def _stream_of(dev) -> int:
     return _get_raw_stream(dev.index if dev.index is not None else _torch().cuda.current_device())
 
 
+def _meta(q, kv, kv_scale, qo_indptr, kv_indptr, config):
+    """Everything a plan validated about the tensors (the plan-cache key)."""
+    return (q.shape, q.stride(), q.dtype, q.get_device(), kv.shape, kv.stride(), kv.dtype,
+            None if kv_scale is None else (kv_scale.dtype, kv_scale.shape, kv_scale.stride()),
+            qo_indptr.shape, qo_indptr.dtype, kv_indptr.shape, kv_indptr.dtype,
+            config.get("kv_seq_len"), config.get("sm_scale"))
+
+
 def _decode_cached(q, kv_data, qo_indptr, kv_indptr, config, kv_format):
     """The per-call path once a plan exists for these tensors' metadata (None otherwise):
     the metadata is the cache key (everything the plan validated once: shapes, strides,
-    dtypes, device, the uniform length and scale), then an output and one C call with six
-    pointers. Positional, no keyword parsing: the leaderboard entry calls it directly."""
+    dtypes, device, the uniform length and scale), then an output and one C call with the
+    per-call pointers. bf16 q only; positional, no keyword parsing: the leaderboard entry
+    calls it directly."""
     global _last_plan
     try:
-        kv, kv_scale = kv_data[kv_format]
-    except (KeyError, TypeError, ValueError):
+        entry = kv_data[kv_format]
+        kv, kv_scale = (entry, None) if kv_format == "bf16" and entry.__class__ is not tuple else entry
+    except (KeyError, TypeError, ValueError, AttributeError):
         return None
-    plan = _fast_plans.get((q.shape, q.stride(), q.dtype, q.get_device(), kv.shape, kv.stride(), kv.dtype,
-                            kv_scale.dtype, qo_indptr.shape, qo_indptr.dtype, kv_indptr.shape, kv_indptr.dtype,
-                            config.get("kv_seq_len"), config.get("sm_scale")))
+    plan = _fast_plans.get(_meta(q, kv, kv_scale, qo_indptr, kv_indptr, config))
     if plan is None:
         return None
     out = _torch_mod.empty(plan.out_shape, dtype=plan.out_dtype, device=plan.device)
-    status = plan._run(plan._pp, q.data_ptr(), kv.data_ptr(), kv_scale.data_ptr(), qo_indptr.data_ptr(),
-                       kv_indptr.data_ptr(), out.data_ptr(), _get_raw_stream(plan.device_index))
+    status = plan._run(plan._pp, q.data_ptr(), None, kv.data_ptr(), kv_scale.data_ptr() if kv_scale is not None else None,
+                       qo_indptr.data_ptr(), kv_indptr.data_ptr(), out.data_ptr(), _get_raw_stream(plan.device_index))
     if status:
         raise_for(status)
     _last_plan = plan
     return out
 
 
-def leaderboard_entry(kv_format: str = "fp8"):
+def leaderboard_entry(kv_format: str = "fastest"):
     """custom_kernel(data) for the leaderboard tuple: the cached path first, decode() for the
-    first call of a shape (which makes the plan) and for anything unusual."""
+    first call of a shape (which makes the plan) and for anything unusual. "fastest" takes
+    the first format of FASTEST_ORDER for this build's arch that the data holds."""
     cached, full = _decode_cached, decode
+    order = None
 
     def custom_kernel(data):
+        nonlocal order
         q, kv_data, qo_indptr, kv_indptr, config = data
-        out = cached(q, kv_data, qo_indptr, kv_indptr, config, kv_format)
-        return out if out is not None else full(q, kv_data, qo_indptr, kv_indptr, config, kv_format=kv_format)
+        fmt = kv_format
+        if fmt == "fastest":
+            if order is None:
+                order = FASTEST_ORDER.get(_build_arch(), KV_FORMATS)
+            fmt = next((f for f in order if f in kv_data), "fp8")
+        out = cached(q, kv_data, qo_indptr, kv_indptr, config, fmt)
+        return out if out is not None else full(q, kv_data, qo_indptr, kv_indptr, config, kv_format=fmt)
     return custom_kernel
 
 
-def decode(q, kv_data, qo_indptr, kv_indptr, config: dict, *, kv_format: str = "fp8", out=None,
-           force_generic: bool = False, splits: int = 0, kernel: str | None = None):
+def decode(q, kv_data, qo_indptr, kv_indptr, config: dict, *, kv_format: str = "fp8", q_dtype: str = "bf16",
+           q_scale=None, out=None, force_generic: bool = False, splits: int = 0, kernel: str | None = None):
     """MLA decode: softmax(q K^T * sm_scale) V with K the 576-dim latent rows, V their first 512.
 
-    q (total_q, 16, 576) bf16; kv_data = {"fp8": (kv (total_kv, 1, 576) float8_e4m3fn, scale (1,) f32), ...}
-    or directly (kv, scale); qo_indptr / kv_indptr (batch+1,) int32; config the leaderboard's dict.
+    q (total_q, 16, 576) bf16 (or fp8 with q_scale); kv_data the leaderboard's dict
+    {"bf16": kv (total_kv, 1, 576) bf16, "fp8": (kv float8_e4m3fn, scale (1,) f32),
+     "mxfp4": (data (total_kv, 1, 288) uint8, scales (total_kv, >= 18) uint8 E8M0)}
+    or one entry of it; qo_indptr / kv_indptr (batch+1,) int32; config the leaderboard's dict.
+    kv_format: "fp8" | "bf16" | "mxfp4" | "fastest" (FASTEST_ORDER for this build's arch).
+    q_dtype: "bf16" (as given) or "fp8": the query quantized per tensor to fp8 as the
+    leaderboard's reference does (a bf16 q is quantized here; an fp8 q needs q_scale).
     Returns (total_q, 16, 512) bf16. force_generic / splits / kernel (a name from kernels())
     override the dispatch, for tests and tuning.
 
     Per call this reads the tensors' metadata once (the plan cache key), allocates the
-    output and passes six pointers to the library: everything else happened when the
+    output and passes the pointers to the library: everything else happened when the
     plan for this shape was made.
     """
     global _last_plan
-    if out is None and not (force_generic or splits or kernel):
+    kv_format = resolve_format(kv_data, kv_format)
+    if out is None and q_dtype == "bf16" and not (force_generic or splits or kernel):
         res = _decode_cached(q, kv_data, qo_indptr, kv_indptr, config, kv_format)
         if res is not None:
             return res
     kv, kv_scale = _unpack_kv(kv_data, kv_format)
-    meta = (q.shape, q.stride(), q.dtype, q.get_device(), kv.shape, kv.stride(), kv.dtype, kv_scale.dtype,
-            qo_indptr.shape, qo_indptr.dtype, kv_indptr.shape, kv_indptr.dtype,
-            config.get("kv_seq_len"), config.get("sm_scale"))
+    q, q_scale = _prepare_q(q, q_dtype, q_scale)
+    meta = _meta(q, kv, kv_scale, qo_indptr, kv_indptr, config) + (kv_format,)
     key = meta + (force_generic, splits, kernel)
     plan = _plans.get(key)
     if plan is None:
-        plan = prepare(q, kv, kv_scale, qo_indptr, kv_indptr, config, force_generic=force_generic, splits=splits,
-                       kernel=kernel)
+        plan = prepare(q, kv, kv_scale, qo_indptr, kv_indptr, config, kv_format=kv_format, q_scale=q_scale,
+                       force_generic=force_generic, splits=splits, kernel=kernel)
         _plans[key] = plan
-        if not (force_generic or splits or kernel):
-            _fast_plans[meta] = plan
+        if not (force_generic or splits or kernel) and q_dtype == "bf16":
+            _fast_plans[meta[:-1]] = plan
     torch = _torch_mod
     if out is None:
         out = torch.empty(plan.out_shape, dtype=torch.bfloat16, device=plan.device)
     elif (out.dtype != torch.bfloat16 or out.shape != plan.out_shape or not out.is_contiguous()):
         raise MlagenError(1, f"out: {out.dtype} {tuple(out.shape)}: expected contiguous bf16 {plan.out_shape}")
-    plan.run(q, kv, kv_scale, qo_indptr, kv_indptr, out, _get_raw_stream(plan.device_index))
+    plan.run(q, q_scale, kv, kv_scale, qo_indptr, kv_indptr, out, _get_raw_stream(plan.device_index))
     _last_plan = plan
     return out
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import ctypes
 import os
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 OK, ERR_INVALID, ERR_UNSUPPORTED, ERR_WORKSPACE, ERR_DEVICE, ERR_INPUT_DATA = range(6)
 DTYPE = {"bf16": 1, "fp8e4m3fn": 2, "fp8e4m3fnuz": 3, "mxfp4": 4, "fp8": 5}
 DTYPE_NAME = {v: k for k, v in DTYPE.items()}
@@ -26,7 +26,7 @@ class Problem(ctypes.Structure):
         ("qo_indptr", ctypes.c_void_p), ("kv_indptr", ctypes.c_void_p), ("out", ctypes.c_void_p),
         ("out_stride_token", ctypes.c_int64), ("out_stride_head", ctypes.c_int64),
         ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t), ("stream", ctypes.c_void_p),
-        ("kernel_name", ctypes.c_char_p),
+        ("kernel_name", ctypes.c_char_p), ("kv_scale_stride", ctypes.c_int64), ("q_scale", ctypes.c_void_p),
     ]
 
     @classmethod
@@ -40,7 +40,10 @@ class Problem(ctypes.Structure):
                 q_dtype=DTYPE.get(q_dtype, q_dtype), kv_dtype=DTYPE.get(kv_dtype, kv_dtype), sm_scale=sm_scale,
                 q=0x1000, q_stride_token=num_heads * qk_dim, q_stride_head=qk_dim,
                 kv=0x2000, kv_stride_token=qk_dim, kv_scale=0x3000, qo_indptr=0x4000, kv_indptr=0x5000,
-                out=0x6000, out_stride_token=num_heads * v_dim, out_stride_head=v_dim)
+                out=0x6000, out_stride_token=num_heads * v_dim, out_stride_head=v_dim,
+                kv_scale_stride=18, q_scale=0x7000)
+        if p.kv_dtype == DTYPE["mxfp4"]:
+            p.kv_stride_token = qk_dim // 2
         for k, v in fields.items():
             setattr(p, k, v)
         if "total_q" not in fields:
@@ -90,7 +93,7 @@ def lib(path: str | None = None):
         "mlagen_select": (ctypes.c_int, [P, I]),
         "mlagen_workspace_bytes": (ctypes.c_size_t, [P]),
         "mlagen_decode": (ctypes.c_int, [P, I]),
-        "mlagen_decode_ptrs": (ctypes.c_int, [P, vp, vp, vp, vp, vp, vp, vp]),
+        "mlagen_decode_ptrs": (ctypes.c_int, [P, vp, vp, vp, vp, vp, vp, vp, vp]),
         "mlagen_take_device_errors": (ctypes.c_int, [vp, vp, ctypes.POINTER(ctypes.c_uint32)]),
         "mlagen_last_error": (ctypes.c_char_p, []),
         "mlagen_status_name": (ctypes.c_char_p, [ctypes.c_int]),

@@ -11,12 +11,16 @@ inline Params make_params(const mlagen_problem* pr, int32_t splits) {
   const WorkspaceLayout ws = workspace_layout(pr->batch, splits);
   auto* base = static_cast<uint8_t*>(pr->workspace);
   Params p{};
-  p.q = static_cast<const uint16_t*>(pr->q);
+  p.q = pr->q;
   p.q_stride_token = pr->q_stride_token;
   p.q_stride_head = pr->q_stride_head;
+  p.q_scale = pr->q_dtype == MLAGEN_DTYPE_FP8 ? pr->q_scale : nullptr;
   p.kv = static_cast<const uint8_t*>(pr->kv);
-  p.kv_stride_token = pr->kv_stride_token;
-  p.kv_scale = pr->kv_scale;
+  p.kv_stride_bytes = pr->kv_stride_token * (pr->kv_dtype == MLAGEN_DTYPE_BF16 ? 2 : 1);
+  const bool fp8_kv = pr->kv_dtype == MLAGEN_DTYPE_FP8E4M3FN || pr->kv_dtype == MLAGEN_DTYPE_FP8E4M3FNUZ;
+  p.kv_scale = fp8_kv ? static_cast<const float*>(pr->kv_scale) : nullptr;
+  p.kv_scales = pr->kv_dtype == MLAGEN_DTYPE_MXFP4 ? static_cast<const uint8_t*>(pr->kv_scale) : nullptr;
+  p.kv_scales_stride = pr->kv_scale_stride;
   p.qo_indptr = pr->qo_indptr;
   p.kv_indptr = pr->kv_indptr;
   p.out = static_cast<uint16_t*>(pr->out);
@@ -74,10 +78,10 @@ mlagen_status launch_mla_decode(const mlagen_problem* pr, int32_t splits) {
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    const cudaError_t le = cudaLaunchKernelEx(&cfg, &mla_combine_kernel<Shape>, p);
+    const cudaError_t le = cudaLaunchKernelEx(&cfg, &mla_combine_kernel<T, Shape>, p);
     if (le != cudaSuccess) return fail(MLAGEN_ERR_DEVICE, "combine launch failed: %s", cudaGetErrorString(le));
 #else
-    hipLaunchKernelGGL(mla_combine_kernel<Shape>, dim3(pr->batch * kHeads), dim3(128), 0, stream, p);
+    hipLaunchKernelGGL(mla_combine_kernel<T, Shape>, dim3(pr->batch * kHeads), dim3(128), 0, stream, p);
 #endif
   }
   const hipError_t e = hipGetLastError();

@@ -76,8 +76,9 @@ MLAGEN_DEVICE float out_scale(float l, float o_scale, bool bad) {
 MLAGEN_DEVICE float2 split_state(float m, float l, bool bad) { return make_float2(m, bad ? quiet_nan() : l); }
 
 // Merges the splits of one (sequence, head): out = sum_s w_s O_s / sum_s w_s l_s with
-// w_s = 2^(m_s - max m). 128 threads x 4 dims; grid = batch * 16.
-template <class Shape>
+// w_s = 2^(m_s - max m), times the per-tensor KV scale where the kernel's path leaves it
+// to the end (fp8). 128 threads x 4 dims; grid = batch * 16.
+template <class T, class Shape>
 __global__ void __launch_bounds__(128) mla_combine_kernel(const Params p) {
   const int b = blockIdx.x / kHeads, h = blockIdx.x % kHeads;
   wait_for_prior_grid();  // the decode grid's partials are complete and visible
@@ -97,7 +98,8 @@ __global__ void __launch_bounds__(128) mla_combine_kernel(const Params p) {
       acc.x += w * v.x; acc.y += w * v.y; acc.z += w * v.z; acc.w += w * v.w;
     }
   }
-  const float inv = lsum != lsum ? lsum : (lsum > 0.f ? *p.kv_scale * kVDecodeScale / lsum : 0.f);  // NaN stays NaN
+  const float o_scale = T::kWide ? 1.f : (p.kv_scale ? *p.kv_scale : 1.f) * kVDecodeScale;
+  const float inv = lsum != lsum ? lsum : (lsum > 0.f ? o_scale / lsum : 0.f);  // NaN stays NaN
   uint2 v;
   v.x = pack_bf16x2(acc.x * inv, acc.y * inv);
   v.y = pack_bf16x2(acc.z * inv, acc.w * inv);

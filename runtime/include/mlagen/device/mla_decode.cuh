@@ -11,34 +11,97 @@
 //               [144w, 144w+144) of the inner product, the 4 partial S tiles are summed
 //               through shared memory, and every warp then holds the whole S tile.
 //   O += P V  : warp w owns the 128 output dims [128w, 128w+128).
-// KV bytes go to the tensor cores as f16 converted in registers (exact for e4m3); the
-// per-tensor KV scale and sm_scale are applied to S and O in fp32, never to the KV.
+// Two bodies share that structure (formats.cuh says which format takes which):
+//   fp8 path : KV bytes go to the tensor cores as f16 converted in registers (exact for
+//              e4m3); the per-tensor KV scale and sm_scale are applied to S and O in fp32.
+//   wide path: bf16 rows (bf16 KV as stored, or mxfp4 dequantized into a bf16 tile in
+//              shared memory once per tile) feed bf16 MMAs through ldmatrix / ldmatrix.trans.
+// The query is bf16, or fp8 with a per-tensor scale folded into S.
 // With one split the block writes the bf16 output; otherwise it writes an unnormalized
 // partial (O, running max m, running sum l) and combine_kernel merges the splits.
 #pragma once
-#include "mlagen/device/mla_common.cuh"
+#include "mlagen/device/formats.cuh"
 
 #if defined(MLAGEN_NVIDIA)
 namespace mlagen::device {
 
-template <int kBlockN_, int kStages_>
+template <int kBlockN_, int kStages_, KvFormat kKv_, QFormat kQ_>
 struct Tiling : TileGeometry<kBlockN_, kStages_, /*warps=*/4> {
   using G = TileGeometry<kBlockN_, kStages_, 4>;
-  static constexpr int kCopiesPerThread = G::kChunksPerTile / G::kThreads;
+  static constexpr KvFormat kKv = kKv_;
+  static constexpr QFormat kQ = kQ_;
+  static constexpr bool kWide = KvTraits<kKv>::kWide;
   static constexpr int kNTiles = G::kBlockN / 8;  // n8 MMA tiles per KV tile
+  // fp8 path: rows of 576 bytes (+16 pad, G::kRowBytes). Wide path: bf16 rows of 1152
+  // bytes + 16 pad (73 x 16 bytes: the 8 rows an ldmatrix reads hit distinct banks).
+  static constexpr int kWideRowBytes = 2 * kQkDim + 16;
+  static constexpr int kRowBytes = kWide ? kWideRowBytes : G::kRowBytes;
+  static constexpr int kChunksPerRow = KvTraits<kKv>::kRowDataBytes / 16;  // 16-byte copies a row
+  static constexpr int kChunksPerTile = G::kBlockN * kChunksPerRow;
+  static constexpr int kCopiesPerThread = (kChunksPerTile + G::kThreads - 1) / G::kThreads;
+  static constexpr int kStageBytes = kKv == KvFormat::kMxfp4 ? MxStage<G::kBlockN>::kBytes : G::kBlockN * kRowBytes;
+  static constexpr int kDecodedBytes = kKv == KvFormat::kMxfp4 ? G::kBlockN * kWideRowBytes : 0;
   static constexpr int kRedBytes = G::kWarps * kNTiles * MLAGEN_WARP_SIZE * 16;
-  static constexpr int kSmemBytes = G::kStages * G::kStageBytes + kRedBytes;
+  static constexpr int kSmemBytes = G::kStages * kStageBytes + kDecodedBytes + kRedBytes;
   static constexpr int kMinBlocksPerSm = kSmemBytes <= 110 * 1024 ? 2 : 1;
   static_assert(G::kBlockN % 32 == 0, "kBlockN: multiple of 32 (ldmatrix.x4 takes 4 n8 tiles)");
-  static_assert(G::kChunksPerTile % G::kThreads == 0, "tile copy must divide over the block");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory over sm_90's 227 KB a block: fewer stages");
 };
 
+// Sums the 4 warps' partial S tiles (same fragment layout in every warp), masks columns
+// past the sequence end and takes the online-softmax step (log2 domain). On return s holds
+// the unnormalized P, m / l are updated and alpha[r] rescales what row g + 8r accumulated.
+template <class T>
+MLAGEN_DEVICE void softmax_tile(float (&s)[T::kNTiles][4], float4* red, int warp, int lane, int valid,
+                                float s_scale, float (&m)[2], float (&l)[2], float (&alpha)[2]) {
+  constexpr int NT = T::kNTiles, W = MLAGEN_WARP_SIZE;
+  const int t = lane & 3;
+#pragma unroll
+  for (int j = 0; j < NT; ++j) red[(warp * NT + j) * W + lane] = make_float4(s[j][0], s[j][1], s[j][2], s[j][3]);
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    float4 a = red[j * W + lane];
+#pragma unroll
+    for (int w = 1; w < T::kWarps; ++w) {
+      const float4 v = red[(w * NT + j) * W + lane];
+      a.x += v.x; a.y += v.y; a.z += v.z; a.w += v.w;
+    }
+    s[j][0] = a.x; s[j][1] = a.y; s[j][2] = a.z; s[j][3] = a.w;
+  }
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = 8 * j + 2 * t + (e & 1);
+      const float v = col < valid ? s[j][e] * s_scale : -INFINITY;
+      s[j][e] = v;
+      mx[e >> 1] = fmaxf(mx[e >> 1], v);
+    }
+  float lsum[2] = {0.f, 0.f};
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    mx[r] = fmaxf(mx[r], __shfl_xor(mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor(mx[r], 2));
+    alpha[r] = online_max_update(m[r], mx[r]);
+  }
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      s[j][e] = fast_exp2(s[j][e] - m[e >> 1]);
+      lsum[e >> 1] += s[j][e];
+    }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + lsum[r];
+}
+
+// ---- fp8 path ---------------------------------------------------------------------------
 template <class T, class Shape>
-__global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
-mla_decode_kernel(const Params p) {
+MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
   using namespace sm90;
   constexpr int BN = T::kBlockN, ST = T::kStages, NT = T::kNTiles;
-  extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t smem_kv = smem_addr(smem);
   float4* red = reinterpret_cast<float4*>(smem + ST * T::kStageBytes);
 
@@ -53,26 +116,23 @@ mla_decode_kernel(const Params p) {
   const Sequence seq = Shape::sequence(p, b);
   const SplitRange range = split_range(seq.len, split, splits, BN);
   const int ntiles = range.ntiles, tok_begin = range.tok_begin, tok_end = range.tok_end;
-  const uint8_t* kv = p.kv + seq.kv_begin * p.kv_stride_token;
-  const float kv_scale = *p.kv_scale;
-  const float s_scale = kv_scale * kKDecodeScale * p.sm_scale * kLog2e;  // log2 domain
+  const uint8_t* kv = p.kv + seq.kv_begin * p.kv_stride_bytes;
+  const float kv_scale = kv_scale_of(p);
+  const float s_scale = kv_scale * q_scale_of<T::kQ>(p) * kKDecodeScale * p.sm_scale * kLog2e;  // log2 domain
   const float o_scale = kv_scale * kVDecodeScale;  // per decoded V unit
 
   // Q as f16 A fragments for this warp's 144 dims. The k order inside each 16-dim chunk
   // is permuted to match how K arrives (4 consecutive fp8 per lane, see below):
   // logical k 2t,2t+1 <- dims 4t,4t+1 and logical k 2t+8,2t+9 <- dims 4t+2,4t+3.
   uint32_t qf[T::kQkChunksPerWarp][4];
-  {
-    const uint16_t* q = p.q + seq.q_row * p.q_stride_token;
 #pragma unroll
-    for (int c = 0; c < T::kQkChunksPerWarp; ++c) {
-      const int d = (warp * T::kQkChunksPerWarp + c) * 16 + 4 * t;
+  for (int c = 0; c < T::kQkChunksPerWarp; ++c) {
+    const int d = (warp * T::kQkChunksPerWarp + c) * 16 + 4 * t;
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const uint2 v = *reinterpret_cast<const uint2*>(q + (g + 8 * r) * p.q_stride_head + d);
-        qf[c][r] = pack_f16x2(bf16_lo(v.x), bf16_hi(v.x));
-        qf[c][r + 2] = pack_f16x2(bf16_lo(v.y), bf16_hi(v.y));
-      }
+    for (int r = 0; r < 2; ++r) {
+      const float4 v = load_q4<T::kQ>(p, seq.q_row, g + 8 * r, d);
+      qf[c][r] = pack_f16x2(v.x, v.y);
+      qf[c][r + 2] = pack_f16x2(v.z, v.w);
     }
   }
 
@@ -84,7 +144,7 @@ mla_decode_kernel(const Params p) {
       const int idx = threadIdx.x + i * T::kThreads;
       const int row = idx / T::kChunksPerRow, col = idx % T::kChunksPerRow;
       const bool ok = tok0 + row < tok_end;
-      const uint8_t* src = kv + static_cast<int64_t>(ok ? tok0 + row : tok_begin) * p.kv_stride_token + col * 16;
+      const uint8_t* src = kv + static_cast<int64_t>(ok ? tok0 + row : tok_begin) * p.kv_stride_bytes + col * 16;
       cp_async_16(dst + row * T::kRowBytes + col * 16, src, ok);
     }
   };
@@ -128,50 +188,8 @@ mla_decode_kernel(const Params p) {
       }
     }
 
-    // ---- sum the 4 warps' partials: same fragment layout in every warp ------------------
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-      red[(warp * NT + j) * W + lane] = make_float4(s[j][0], s[j][1], s[j][2], s[j][3]);
-    __syncthreads();
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      float4 a = red[j * W + lane];
-#pragma unroll
-      for (int w = 1; w < T::kWarps; ++w) {
-        const float4 v = red[(w * NT + j) * W + lane];
-        a.x += v.x; a.y += v.y; a.z += v.z; a.w += v.w;
-      }
-      s[j][0] = a.x; s[j][1] = a.y; s[j][2] = a.z; s[j][3] = a.w;
-    }
-
-    // ---- online softmax (log2 domain); columns past the sequence end are masked ---------
-    const int valid = tok_end - (tok_begin + it * BN);
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = 8 * j + 2 * t + (e & 1);
-        const float v = col < valid ? s[j][e] * s_scale : -INFINITY;
-        s[j][e] = v;
-        mx[e >> 1] = fmaxf(mx[e >> 1], v);
-      }
-    float alpha[2], lsum[2] = {0.f, 0.f};
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor(mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor(mx[r], 2));
-      alpha[r] = online_max_update(m[r], mx[r]);
-    }
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[j][e] = fast_exp2(s[j][e] - m[e >> 1]);
-        lsum[e >> 1] += s[j][e];
-      }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + lsum[r];
+    float alpha[2];
+    softmax_tile<T>(s, red, warp, lane, tok_end - (tok_begin + it * BN), s_scale, m, l, alpha);
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
@@ -245,6 +263,189 @@ mla_decode_kernel(const Params p) {
         p.part_ml[slot * kHeads + g + 8 * r] = split_state(m[r], l[r], seq.bad);
     }
   }
+}
+
+// ---- wide path (bf16 and mxfp4 KV) ----------------------------------------------------------
+// S: B[k][n] = K[token n][dim k] straight from the bf16 rows with ldmatrix (no permutation:
+// the Q fragments are in natural order). P V: B[k = token][n = dim] with ldmatrix.trans.
+// mxfp4: the stage holds packed rows + a scale window; after the tile lands, the block
+// dequantizes it into one bf16 tile (`dec`) and both products read that.
+template <class T, class Shape>
+MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
+  using namespace sm90;
+  constexpr int BN = T::kBlockN, ST = T::kStages, NT = T::kNTiles, W = MLAGEN_WARP_SIZE;
+  constexpr bool kMx = T::kKv == KvFormat::kMxfp4;
+  static_assert(W == 32, "mma.sync fragments are defined for 32-lane warps");
+  const uint32_t smem_kv = smem_addr(smem);
+  uint8_t* dec = smem + ST * T::kStageBytes;  // mxfp4: the dequantized bf16 tile
+  float4* red = reinterpret_cast<float4*>(dec + T::kDecodedBytes);
+
+  const int warp = threadIdx.x / W, lane = threadIdx.x % W;
+  const int g = lane >> 2, t = lane & 3;
+  const int b = blockIdx.y, split = blockIdx.x;
+  allow_dependent_launch();
+  const int splits = Shape::splits(p);
+
+  const Sequence seq = Shape::sequence(p, b);
+  const SplitRange range = split_range(seq.len, split, splits, BN);
+  const int ntiles = range.ntiles, tok_begin = range.tok_begin, tok_end = range.tok_end;
+  const uint8_t* kv = p.kv + seq.kv_begin * p.kv_stride_bytes;
+  const float s_scale = q_scale_of<T::kQ>(p) * p.sm_scale * kLog2e;  // log2 domain
+
+  // Q as bf16 A fragments, natural k order: a[0] = Q[g][2t, 2t+1], a[1] = Q[g+8][2t, 2t+1],
+  // a[2] = Q[g][2t+8, 2t+9], a[3] = Q[g+8][2t+8, 2t+9] of each 16-dim chunk.
+  uint32_t qf[T::kQkChunksPerWarp][4];
+#pragma unroll
+  for (int c = 0; c < T::kQkChunksPerWarp; ++c) {
+    const int d = (warp * T::kQkChunksPerWarp + c) * 16;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      // two 4-dim loads cover dims 2t..2t+1 and 2t+8..2t+9 (and their neighbours)
+      const float4 lo = load_q4<T::kQ>(p, seq.q_row, g + 8 * r, d + 4 * (t >> 1));
+      const float4 hi = load_q4<T::kQ>(p, seq.q_row, g + 8 * r, d + 8 + 4 * (t >> 1));
+      const bool odd = t & 1;
+      qf[c][r] = pack_bf16x2_rn(odd ? lo.z : lo.x, odd ? lo.w : lo.y);
+      qf[c][r + 2] = pack_bf16x2_rn(odd ? hi.z : hi.x, odd ? hi.w : hi.y);
+    }
+  }
+
+  auto issue_tile = [&](int tile, int stage) {
+    const int tok0 = tok_begin + tile * BN;
+    const uint32_t dst = smem_kv + stage * T::kStageBytes;
+    constexpr int kRowPitch = kMx ? kMxRowBytes : T::kRowBytes;
+    // bf16 tiles are 18 copies a thread: a rolled loop keeps 18 source pointers out of
+    // the registers (unrolled, the kernel spilled at 255 registers).
+#pragma unroll 2
+    for (int i = 0; i < T::kCopiesPerThread; ++i) {
+      const int idx = threadIdx.x + i * T::kThreads;
+      if (T::kChunksPerTile % T::kThreads == 0 || idx < T::kChunksPerTile) {
+        const int row = idx / T::kChunksPerRow, col = idx % T::kChunksPerRow;
+        const bool ok = tok0 + row < tok_end;
+        const uint8_t* src = kv + static_cast<int64_t>(ok ? tok0 + row : tok_begin) * p.kv_stride_bytes + col * 16;
+        cp_async_16(dst + row * kRowPitch + col * 16, src, ok);
+      }
+    }
+    if constexpr (kMx) {  // the scale rows of the tile's tokens, through an aligned window
+      const MxScaleWindow win = mx_scale_window(seq.kv_begin + tok0, min(BN, tok_end - tok0), p.kv_scales_stride);
+      const uint32_t wdst = dst + MxStage<BN>::kDataBytes;
+      for (int c = threadIdx.x; c < MxStage<BN>::kScaleChunks; c += T::kThreads) {
+        const int64_t at = win.start + 16 * c;
+        const int64_t left = win.end - at;
+        const int bytes = left <= 0 ? 0 : (left >= 16 ? 16 : static_cast<int>(left));
+        cp_async_16_partial(wdst + 16 * c, p.kv_scales + (bytes > 0 ? at : 0), bytes);
+      }
+    }
+  };
+
+  float o[16][4];  // n8 tile n: dims warp*128 + 8n + 2t, +1 of rows g ([0], [1]) and g+8 ([2], [3])
+#pragma unroll
+  for (int n = 0; n < 16; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+
+#pragma unroll
+  for (int s = 0; s < ST - 1; ++s) {
+    if (s < ntiles) issue_tile(s, s);
+    cp_async_commit();
+  }
+
+  const int mrow = lane & 7, msel = lane >> 3;  // ldmatrix: this lane's row of matrix msel
+  for (int it = 0; it < ntiles; ++it) {
+    cp_async_wait<ST - 2>();
+    __syncthreads();  // tile `it` landed for all; every warp is done with tile it-1
+    if (it + ST - 1 < ntiles) issue_tile(it + ST - 1, (it + ST - 1) % ST);
+    cp_async_commit();
+    const int valid = tok_end - (tok_begin + it * BN);
+    uint32_t tile = smem_kv + (it % ST) * T::kStageBytes;
+    if constexpr (kMx) {
+      const int tok0 = tok_begin + it * BN;
+      const MxScaleWindow win = mx_scale_window(seq.kv_begin + tok0, min(BN, valid), p.kv_scales_stride);
+      mxfp4_stage_to_bf16<BN, T::kThreads>(smem + (it % ST) * T::kStageBytes, static_cast<int>(win.first - win.start),
+                                           p.kv_scales_stride, valid, dec, T::kRowBytes, threadIdx.x);
+      __syncthreads();  // the bf16 tile is complete
+      tile = smem_addr(dec);
+    }
+
+    // ---- S partial over this warp's dims ----------------------------------------------------
+    // ldmatrix.x4 matrices: (tokens 16jj+0..7 | 16jj+8..15) x (dims k..k+7 | k+8..k+15):
+    // r[0], r[1] = b0, b1 of n8 tile 2jj; r[2], r[3] = b0, b1 of n8 tile 2jj+1.
+    float s[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+    for (int c = 0; c < T::kQkChunksPerWarp; ++c) {
+      const int kdim = (warp * T::kQkChunksPerWarp + c) * 16;
+#pragma unroll
+      for (int jj = 0; jj < NT / 2; ++jj) {
+        uint32_t r[4];
+        ldmatrix_x4(r, tile + (16 * jj + 8 * (msel >> 1) + mrow) * T::kRowBytes + (kdim + 8 * (msel & 1)) * 2);
+        mma_bf16_16816(s[2 * jj], qf[c], r[0], r[1]);
+        mma_bf16_16816(s[2 * jj + 1], qf[c], r[2], r[3]);
+      }
+    }
+
+    float alpha[2];
+    softmax_tile<T>(s, red, warp, lane, valid, s_scale, m, l, alpha);
+#pragma unroll
+    for (int n = 0; n < 16; ++n) {
+      o[n][0] *= alpha[0]; o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1]; o[n][3] *= alpha[1];
+    }
+
+    // ---- O += P V over this warp's 128 dims ---------------------------------------------------
+    // ldmatrix.x4.trans matrices: (tokens 16kc+0..7 | 16kc+8..15) x (dims d..d+7 | d+8..d+15):
+    // r[0], r[1] = b0, b1 of the n8 tile at dim d; r[2], r[3] = those of dim d+8.
+#pragma unroll
+    for (int kc = 0; kc < BN / 16; ++kc) {
+      const uint32_t a[4] = {pack_bf16x2_rn(s[2 * kc][0], s[2 * kc][1]), pack_bf16x2_rn(s[2 * kc][2], s[2 * kc][3]),
+                             pack_bf16x2_rn(s[2 * kc + 1][0], s[2 * kc + 1][1]),
+                             pack_bf16x2_rn(s[2 * kc + 1][2], s[2 * kc + 1][3])};
+      const uint32_t row = tile + (16 * kc + 8 * (msel & 1) + mrow) * T::kRowBytes;
+#pragma unroll
+      for (int np = 0; np < 8; ++np) {
+        uint32_t r[4];
+        ldmatrix_x4_trans(r, row + (warp * T::kVDimsPerWarp + 16 * np + 8 * (msel >> 1)) * 2);
+        mma_bf16_16816(o[2 * np], a, r[0], r[1]);
+        mma_bf16_16816(o[2 * np + 1], a, r[2], r[3]);
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor(l[r], 1);
+    l[r] += __shfl_xor(l[r], 2);
+  }
+
+  if (splits == 1) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float inv = out_scale(l[r], 1.f, seq.bad);
+      uint16_t* out = p.out + seq.q_row * p.out_stride_token + (g + 8 * r) * p.out_stride_head +
+                      warp * T::kVDimsPerWarp + 2 * t;
+#pragma unroll
+      for (int n = 0; n < 16; ++n)
+        *reinterpret_cast<uint32_t*>(out + 8 * n) = pack_bf16x2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+    }
+  } else {
+    const int64_t slot = static_cast<int64_t>(b) * splits + split;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float* po = p.part_o + (slot * kHeads + g + 8 * r) * kVDim + warp * T::kVDimsPerWarp + 2 * t;
+#pragma unroll
+      for (int n = 0; n < 16; ++n) *reinterpret_cast<float2*>(po + 8 * n) = make_float2(o[n][2 * r], o[n][2 * r + 1]);
+      if (warp == 0 && t == 0) p.part_ml[slot * kHeads + g + 8 * r] = split_state(m[r], l[r], seq.bad);
+    }
+  }
+}
+
+template <class T, class Shape>
+__global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm) mla_decode_kernel(const Params p) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  if constexpr (T::kWide)
+    decode_wide<T, Shape>(p, smem);
+  else
+    decode_fp8<T, Shape>(p, smem);
 }
 
 }  // namespace mlagen::device

@@ -14,13 +14,16 @@ constexpr int kHeads = 16;
 constexpr int kQkDim = 576;
 constexpr int kVDim = 512;
 
-// Kernel parameters, passed by value. Strides are in elements.
+// Kernel parameters, passed by value. q / out strides are in elements, kv strides in bytes.
 struct Params {
-  const uint16_t* q;        // bf16 [total_q, 16, 576]
+  const void* q;            // [total_q, 16, 576]: bf16, or fp8 (the arch's flavour) with q_scale
   int64_t q_stride_token, q_stride_head;
-  const uint8_t* kv;        // fp8 [total_kv, 576]
-  int64_t kv_stride_token;
-  const float* kv_scale;    // one float32 on the device
+  const float* q_scale;     // fp8 q: one float32 on the device (dequant = q * scale); else null
+  const uint8_t* kv;        // [total_kv, row]: fp8 576 B, bf16 1152 B or mxfp4 288 B a row
+  int64_t kv_stride_bytes;
+  const float* kv_scale;    // fp8 KV: one float32 on the device; null for bf16 / mxfp4
+  const uint8_t* kv_scales; // mxfp4 KV: E8M0 [total_kv, >= 18], 16-byte aligned base; else null
+  int64_t kv_scales_stride; // bytes between the scale rows of two tokens (18..32)
   const int32_t* qo_indptr;
   const int32_t* kv_indptr;
   uint16_t* out;            // bf16 [total_q, 16, 512]

@@ -4,6 +4,7 @@
 #pragma once
 #include "mlagen/platform.h"
 #include <cuda_fp16.h>
+#include <cuda_bf16.h>
 
 #if !defined(MLAGEN_NVIDIA)
 #error "sm90_ops.cuh is the NVIDIA path; AMD builds use their own ops header"
@@ -99,9 +100,44 @@ MLAGEN_DEVICE void v_pairs_to_f16x2(uint32_t wa, uint32_t wb, uint32_t (&d)[4]) 
   }
 }
 
+// Four e4m3 bytes [b3 b2 b1 b0] -> fp32 (b0, b1, b2, b3), exact (the fp8 query).
+MLAGEN_DEVICE float4 fp8x4_to_float4(uint32_t w) {
+  const uint32_t lo = e4m3x2_f2fp(static_cast<uint16_t>(w)), hi = e4m3x2_f2fp(static_cast<uint16_t>(w >> 16));
+  const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&lo));
+  const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&hi));
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+
 MLAGEN_DEVICE uint32_t pack_f16x2(float lo, float hi) {
   __half2 h = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&h);
+}
+
+MLAGEN_DEVICE uint32_t pack_bf16x2_rn(float lo, float hi) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+// Transposing variant: lane L supplies the row address as for ldmatrix_x4 and receives in
+// r[i] the b16 pair (rows 2(L%4), 2(L%4)+1; column L/4) of matrix i.
+MLAGEN_DEVICE void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// D(16x8,f32) += A(16x16,bf16,row) * B(16x8,bf16,col); fragment layout as mma_f16_16816.
+MLAGEN_DEVICE void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// cp.async of `bytes` (0..16) source bytes into a 16-byte destination, the rest zero-filled.
+MLAGEN_DEVICE void cp_async_16_partial(uint32_t dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
 }
 
 MLAGEN_DEVICE float fast_exp2(float x) {

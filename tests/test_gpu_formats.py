@@ -1,0 +1,195 @@
+"""GPU tests for every KV format (fp8, bf16, mxfp4) and query precision (bf16, fp8).
+
+For each: against float32 attention on the same (dequantized) inputs the kernel sees, and
+against float64 on the bf16 inputs (tolerances.py says why each number); the leaderboard
+check (allclose 0.1/0.1, <= 5% outside) against the task's a8w8 reference, printing the
+mismatch fraction and relative error; padded and unpadded mxfp4 scale rows; exact cases.
+Fresh random inputs every test, output poisoned with NaN, the dispatched kernel asserted.
+"""
+import json
+import os
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="GPU tests need torch")
+
+import mlagen  # noqa: E402
+from mlagen import quant  # noqa: E402
+
+from leaderboard import task_inputs  # noqa: E402
+from reference import attention, exact_inputs, make_inputs, rel_l2  # noqa: E402
+from tolerances import TOLERANCES  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.gpu
+FORMATS = ("fp8", "bf16", "mxfp4")
+KV_DTYPE = {"fp8": "fp8e4m3fn", "bf16": "bf16", "mxfp4": "mxfp4"}
+TEST_SHAPES = [(4, 1024), (32, 1024), (64, 8192), (256, 8192)]
+
+
+def fresh_seed():
+    return random.SystemRandom().randrange(1 << 31)
+
+
+def _manifest():
+    with open(os.path.join(ROOT, "generated", "manifest.json")) as f:
+        return [k for k in json.load(f)["kernels"] if k["arch"] == "sm90a"]
+
+
+def with_formats(inp, pad_scales=False):
+    """Adds the leaderboard's kv_data dict (bf16 / fp8 / mxfp4 of the same bf16 KV)."""
+    data, scales = quant.quantize_mxfp4(inp["kv_bf16"], pad_scales=pad_scales)
+    inp["kv_data"] = {"bf16": inp["kv_bf16"], "fp8": (inp["kv_fp8"], inp["kv_scale"]), "mxfp4": (data, scales)}
+    return inp
+
+
+def kv_as_seen(inp, fmt):
+    """The KV values the kernel computes with, float32."""
+    if fmt == "fp8":
+        return inp["kv_fp8"].float() * inp["kv_scale"]
+    if fmt == "bf16":
+        return inp["kv_bf16"].float()
+    data, scales = inp["kv_data"]["mxfp4"]
+    return quant.dequantize_mxfp4(data, scales, 576).reshape(-1, 1, 576)
+
+
+def run(inp, fmt, q_dtype="bf16", **kw):
+    out = torch.full((inp["q"].shape[0], 16, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    res = mlagen.decode(inp["q"], inp["kv_data"], inp["qo_indptr"], inp["kv_indptr"], inp["config"],
+                        kv_format=fmt, q_dtype=q_dtype, out=out, **kw)
+    assert res.data_ptr() == out.data_ptr()
+    torch.cuda.synchronize()
+    ran = mlagen.last_kernel()
+    assert (ran["q_dtype"], ran["kv_dtype"]) == (q_dtype, KV_DTYPE[fmt]), ran
+    return out, ran
+
+
+def check(inp, out, fmt, q_dtype, seed):
+    lens = inp["kv_lens"]
+    assert torch.isfinite(out.float()).all(), f"seed {seed}: non-finite (unwritten?) output"
+    mlagen.check_device_errors()
+    q_seen = inp["q"]
+    if q_dtype == "fp8":
+        q8, qs = quant.quantize_q_fp8(inp["q"])
+        q_seen = q8.float() * qs
+    path = "fp8e4m3fn" if fmt == "fp8" else fmt
+    e32 = rel_l2(out, attention(q_seen, kv_as_seen(inp, fmt), lens, torch.float32))
+    tol32 = TOLERANCES[(path, "same_inputs")]["rel_l2"]
+    assert e32 <= tol32, f"seed {seed} {fmt}/{q_dtype} lens[:4] {lens[:4]}: rel_l2 {e32:.2e} vs fp32 (tol {tol32})"
+    e64 = rel_l2(out, attention(inp["q"], inp["kv_bf16"], lens, torch.float64))
+    tol64 = max(TOLERANCES[(path, "bf16_inputs")]["rel_l2"],
+                TOLERANCES[("fp8q", "bf16_inputs")]["rel_l2"] if q_dtype == "fp8" else 0.0)
+    assert e64 <= tol64, f"seed {seed} {fmt}/{q_dtype}: rel_l2 {e64:.2e} vs fp64 on bf16 inputs (tol {tol64})"
+    for b, n in enumerate(lens):
+        if n == 0:
+            assert (out[b] == 0).all(), f"seed {seed}: empty sequence {b} must give zeros"
+    return e32, e64
+
+
+def _specialized():
+    return [k for k in _manifest() if k["batch"] and (k["q_dtype"], k["kv_dtype"]) != ("bf16", "fp8e4m3fn")]
+
+
+@pytest.mark.parametrize("spec", _specialized(), ids=lambda k: k["name"])
+def test_specialized_kernel(spec):
+    fmt = next(f for f, d in KV_DTYPE.items() if d == spec["kv_dtype"])
+    seed = fresh_seed()
+    inp = with_formats(make_inputs([spec["kv_len"]] * spec["batch"], seed))
+    out, ran = run(inp, fmt, spec["q_dtype"])
+    assert ran["name"] == spec["name"] and ran["splits"] == spec["splits"]
+    e32, e64 = check(inp, out, fmt, spec["q_dtype"], seed)
+    print(f"{spec['name']}: rel_l2 vs fp32 {e32:.2e}, vs fp64 {e64:.2e}")
+
+
+CASES = [([1024] * 4, 0), ([1, 64, 65, 1000, 4099, 0], 3), ([300] * 33, 1), ([17, 2049, 31], 0),
+         ([2048] * 8, 5)]
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+@pytest.mark.parametrize("q_dtype", ["bf16", "fp8"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_generic_kernel_every_format(fmt, q_dtype, case):
+    lens, splits = CASES[case]
+    seed = fresh_seed()
+    inp = with_formats(make_inputs(lens, seed))
+    out, ran = run(inp, fmt, q_dtype, force_generic=True, splits=splits)
+    assert ran["generic"]
+    if splits:
+        assert ran["splits"] == splits
+    check(inp, out, fmt, q_dtype, seed)
+
+
+def _wide_candidates():
+    from codegen.spec import KernelSpec
+    return [k for k in _manifest() if not k["batch"] and KernelSpec.parse(k["name"]).role == 2
+            and k["kv_dtype"] in ("bf16", "mxfp4")]
+
+
+@pytest.mark.parametrize("spec", _wide_candidates(), ids=lambda k: k["name"])
+def test_wide_tuning_candidates(spec):
+    name, fmt = spec["name"], spec["kv_dtype"]
+    seed = fresh_seed()
+    inp = with_formats(make_inputs([1, 64, 65, 1000, 4099, 0], seed))
+    out, ran = run(inp, fmt, kernel=name, splits=3)
+    assert ran["name"] == name
+    check(inp, out, fmt, "bf16", seed)
+
+
+@pytest.mark.parametrize("lens", [[1024] * 4, [1, 100, 3000, 0, 257]], ids=["uniform", "nonuniform"])
+def test_mxfp4_padded_and_unpadded_scales_agree(lens):
+    seed = fresh_seed()
+    inp = with_formats(make_inputs(lens, seed), pad_scales=False)
+    data, scales = inp["kv_data"]["mxfp4"]
+    _, padded = quant.quantize_mxfp4(inp["kv_bf16"], pad_scales=True)
+    assert padded.shape[1] == 24 and padded.stride(0) == 24 and scales.stride(0) == 18
+    assert torch.equal(padded[:scales.shape[0], :18], scales)
+    out18, _ = run(inp, "mxfp4")
+    check(inp, out18, "mxfp4", "bf16", seed)
+    inp["kv_data"]["mxfp4"] = (data, padded)
+    out24, _ = run(inp, "mxfp4")
+    assert torch.equal(out18, out24), f"seed {seed}: padded scale rows changed the output"
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "mxfp4"])
+@pytest.mark.parametrize("lens", [[1024] * 4, [64, 200, 1000]], ids=["b4_kv1024", "nonuniform"])
+def test_small_values_match_exactly(fmt, lens):
+    seed = fresh_seed()
+    inp, expect = exact_inputs(lens, seed, grid="int" if fmt == "bf16" else "e2m1")
+    with_formats(inp)
+    if fmt == "mxfp4":  # the quantizer must have represented every value exactly
+        data, scales = inp["kv_data"]["mxfp4"]
+        assert torch.equal(quant.dequantize_mxfp4(data, scales, 576).reshape(-1, 1, 576), inp["kv_bf16"].float())
+    out, _ = run(inp, fmt)
+    assert torch.equal(out, expect), f"seed {seed}: max diff {(out.float() - expect.float()).abs().max().item()}"
+
+
+def test_fp8_q_given_quantized_matches_fp8_q_quantized_here():
+    seed = fresh_seed()
+    inp = with_formats(make_inputs([512] * 3, seed))
+    out_a, _ = run(inp, "fp8", "fp8")
+    q8, qs = quant.quantize_q_fp8(inp["q"])
+    out_b = mlagen.decode(q8, inp["kv_data"], inp["qo_indptr"], inp["kv_indptr"], inp["config"], kv_format="fp8",
+                          q_dtype="fp8", q_scale=qs)
+    assert torch.equal(out_a, out_b)
+    with pytest.raises(mlagen.MlagenError, match="q_scale"):
+        mlagen.decode(q8, inp["kv_data"], inp["qo_indptr"], inp["kv_indptr"], inp["config"], q_dtype="fp8")
+
+
+@pytest.mark.parametrize("batch,kv_len", TEST_SHAPES, ids=lambda v: str(v))
+def test_leaderboard_check_passes_for_every_format(batch, kv_len, capsys):
+    """The task's inputs and check: a8w8 reference (fp8 q, fp8 KV), allclose(0.1, 0.1) with at
+    most 5% of elements outside. Prints each format's margin."""
+    data = task_inputs.generate_input(batch, kv_len, fresh_seed())
+    q, kv_data, qo_indptr, kv_indptr, config = data
+    lines = []
+    for fmt in FORMATS + ("fastest",):
+        for q_dtype in ("bf16", "fp8"):
+            out = mlagen.decode(q, kv_data, qo_indptr, kv_indptr, config, kv_format=fmt, q_dtype=q_dtype)
+            res = task_inputs.check_output(data, out)
+            lines.append(f"{batch}x{kv_len} kv={fmt:7s} q={q_dtype}: mismatch {res.mismatch:.4%} "
+                         f"rel_l2 {res.rel_l2:.3e} max_abs {res.max_abs:.3e} -> {'pass' if res.ok else 'FAIL'}")
+            assert res.ok, lines[-1] + f" ({res.message})"
+            assert res.mismatch < 0.05 / 2, lines[-1] + ": less than 2x margin to the 5% limit"
+    with capsys.disabled():
+        print("\n" + "\n".join(lines))
