@@ -25,12 +25,13 @@ if HERE not in sys.path:
 import _common as C  # noqa: E402
 
 
-def run_case(torch, mlagen, inp: dict, args, kv_format: str = "fp8") -> dict:
-    res = dict(batch=inp["batch"], kv_len=inp["kv_len"], uniform=inp["uniform"], kv_format=kv_format)
+def run_case(torch, mlagen, inp: dict, args, kv_format: str = "fp8", q_dtype: str = "bf16") -> dict:
+    res = dict(batch=inp["batch"], kv_len=inp["kv_len"], uniform=inp["uniform"], kv_format=kv_format,
+               q_dtype=q_dtype)
     if not inp["uniform"]:
         res["lengths"] = inp["lengths"]
     out = mlagen.decode(inp["q"], inp["kv_data"], inp["qo_indptr"], inp["kv_indptr"], inp["config"],
-                        kv_format=kv_format)
+                        kv_format=kv_format, q_dtype=q_dtype)
     torch.cuda.synchronize()
     info = mlagen.last_kernel() or {}
     res["kernel"] = info.get("name")
@@ -46,7 +47,7 @@ def run_case(torch, mlagen, inp: dict, args, kv_format: str = "fp8") -> dict:
         empty_max = float(out[~nonempty].float().abs().nan_to_num(nan=float("inf")).max())
         res["zero_length_rows_max_abs"] = empty_max
         res["zero_length_rows_zero"] = empty_max == 0.0
-    if args.ref and kv_format == "fp8":
+    if args.ref and kv_format == "fp8" and q_dtype == "bf16":
         ref = C.reference_fp8(inp)
         err = C.rel_l2(out, ref)
         res["rel_err"] = err if err != float("inf") else None
@@ -65,7 +66,8 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ref", action="store_true", help="also check against the float32 reference")
     p.add_argument("--tol", type=float, default=2e-2)
-    p.add_argument("--formats", default="fp8", help="KV formats to run each case with: fp8,bf16,mxfp4 "
+    p.add_argument("--formats", default="fp8", help="KV formats to run each case with: fp8,bf16,mxfp4, "
+                   "each optionally :fp8 for an fp8 q quantized on the device "
                    "(mxfp4 with unpadded scale rows, exactly total_kv x 18 bytes: no slack to hide a stray read)")
     args = p.parse_args(argv)
 
@@ -84,21 +86,21 @@ def main(argv=None) -> int:
             cases.append((len(lengths), None, lengths))
         for i, (b, l, lengths) in enumerate(cases):
             name = C.shape_name(b, l) if lengths is None else f"nonuniform{b}"
-            formats = [f for f in args.formats.split(",") if f]
+            formats = [tuple((f.split(":") + ["bf16"])[:2]) for f in args.formats.split(",") if f]
             inp = C.make_inputs(b, l, seed=args.seed + 100 + i, device=device, lengths=lengths,
-                                keep_bf16="bf16" in formats or "mxfp4" in formats)
-            if "mxfp4" in formats:
+                                keep_bf16=any(f in ("bf16", "mxfp4") for f, _ in formats))
+            if any(f == "mxfp4" for f, _ in formats):
                 from mlagen import quant
                 inp["kv_data"]["mxfp4"] = quant.quantize_mxfp4(inp["kv_data"]["bf16"])
-            for fmt in formats:
+            for fmt, q_dtype in formats:
                 try:
-                    res = run_case(torch, mlagen, inp, args, fmt)
+                    res = run_case(torch, mlagen, inp, args, fmt, q_dtype)
                 except Exception as e:  # noqa: BLE001
-                    res = dict(ok=False, error=f"{type(e).__name__}: {e}", kv_format=fmt)
+                    res = dict(ok=False, error=f"{type(e).__name__}: {e}", kv_format=fmt, q_dtype=q_dtype)
                     traceback.print_exc()
                 res["case"] = name
                 summary["cases"].append(res)
-                print(f"[child] {name} {fmt}: {'ok' if res.get('ok') else 'FAIL'} kernel={res.get('kernel')} "
+                print(f"[child] {name} {fmt}/q{q_dtype}: {'ok' if res.get('ok') else 'FAIL'} kernel={res.get('kernel')} "
                       f"nonfinite_rows={res.get('nonfinite_rows')} rel_err={res.get('rel_err')} "
                       f"{res.get('error') or ''}", flush=True)
             del inp

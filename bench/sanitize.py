@@ -153,7 +153,8 @@ def main(argv=None) -> int:
                    help=f"shapes for racecheck (default {DEFAULT_RACECHECK})")
     p.add_argument("--shapes", default=None, help="shapes for every tool (overrides the two above)")
     p.add_argument("--no-nonuniform", action="store_true", help="skip the non-uniform generic-kernel case")
-    p.add_argument("--formats", default="fp8,bf16,mxfp4", help="KV formats memcheck runs every case with")
+    p.add_argument("--formats", default="fp8,bf16,mxfp4,fp8:fp8",
+                   help="KV formats memcheck runs every case with (FORMAT[:fp8] = with an fp8 q quantized on the device)")
     p.add_argument("--racecheck-formats", default="fp8", help="KV formats racecheck runs on its shapes")
     p.add_argument("--racecheck-wide-shapes", default="4x1024,32x1024",
                    help="tool racecheck_wide: racecheck of the bf16 / mxfp4 (wide-path) kernels on these shapes")

@@ -164,14 +164,24 @@ def test_small_values_match_exactly(fmt, lens):
     assert torch.equal(out, expect), f"seed {seed}: max diff {(out.float() - expect.float()).abs().max().item()}"
 
 
-def test_fp8_q_given_quantized_matches_fp8_q_quantized_here():
+@pytest.mark.parametrize("spread", ["normal", "wide"])
+def test_fp8_q_quantized_on_the_device_matches_the_recipe(spread):
+    """The device pre-pass + in-kernel quantization of a bf16 q must give the recipe's fp8 q
+    and scale bit for bit (mlagen.quant.quantize_q_fp8): same output as passing those in.
+    "wide" spreads |q| over ~2^-20..2^10 so fp8 subnormals and saturation are exercised."""
     seed = fresh_seed()
     inp = with_formats(make_inputs([512] * 3, seed))
-    out_a, _ = run(inp, "fp8", "fp8")
-    q8, qs = quant.quantize_q_fp8(inp["q"])
-    out_b = mlagen.decode(q8, inp["kv_data"], inp["qo_indptr"], inp["kv_indptr"], inp["config"], kv_format="fp8",
-                          q_dtype="fp8", q_scale=qs)
-    assert torch.equal(out_a, out_b)
+    if spread == "wide":
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        mag = torch.exp2(torch.randint(-20, 11, inp["q"].shape, generator=g, device="cuda").float())
+        inp["q"] = (inp["q"].float() * mag).to(torch.bfloat16)
+    for fmt in FORMATS:
+        out_a, ran = run(inp, fmt, "fp8")
+        q8, qs = quant.quantize_q_fp8(inp["q"])
+        out_b = mlagen.decode(q8, inp["kv_data"], inp["qo_indptr"], inp["kv_indptr"], inp["config"], kv_format=fmt,
+                              q_dtype="fp8", q_scale=qs)
+        assert torch.equal(out_a, out_b), f"seed {seed} {fmt}: device quantization differs from the recipe"
+        assert torch.isfinite(out_a.float()).all()
     with pytest.raises(mlagen.MlagenError, match="q_scale"):
         mlagen.decode(q8, inp["kv_data"], inp["qo_indptr"], inp["kv_indptr"], inp["config"], q_dtype="fp8")
 

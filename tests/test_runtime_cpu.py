@@ -123,6 +123,9 @@ BAD_FORMAT = [
     (dict(kv_dtype="mxfp4"), dict(kv_stride_token=280), "kv_stride_token=280: expected a multiple of 16 that is >= 288"),
     (dict(kv_dtype="bf16"), dict(kv_stride_token=572), "kv_stride_token=572: expected a multiple of 8 that is >= 576"),
     (dict(q_dtype="fp8"), dict(q_scale=None), "q_scale: NULL pointer \\(fp8 q"),
+    (dict(q_dtype="fp8"), dict(q_from_bf16=1), "q_scale: expected NULL with q_from_bf16=1"),
+    (dict(q_dtype="bf16"), dict(q_from_bf16=1), "q_from_bf16=1: expected q_dtype fp8"),
+    (dict(q_dtype="fp8"), dict(q_from_bf16=2), "q_from_bf16=2: expected 0 or 1"),
     (dict(q_dtype="fp8"), dict(q=0x1002), "q: address 0x1002 not 4-byte aligned"),
 ]
 
@@ -136,6 +139,11 @@ def test_invalid_format_fields_name_field_and_expectation(L, dtypes, fields, msg
     with pytest.raises(_lib.MlagenError, match=msg) as e:
         _lib.select(p)
     assert e.value.status == _lib.ERR_INVALID
+
+
+def test_fp8_q_from_bf16_needs_no_scale(L):
+    p = Problem.make(4, 1024, q_dtype="fp8", q_scale=None, q_from_bf16=1, q=0x1008)  # 8-byte aligned bf16
+    assert _lib.select(p)["q_dtype"] == "fp8"
 
 
 def test_bf16_kv_needs_no_scale(L):

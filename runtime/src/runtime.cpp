@@ -88,13 +88,18 @@ mlagen_status validate(const mlagen_problem* p) {
                   "kv_scale_stride=%lld: expected 18..32 bytes between two tokens' mxfp4 scale rows (18 blocks of 32 "
                   "dims; 24 when padded)", (long long)p->kv_scale_stride);
   }
-  if (p->q_dtype == MLAGEN_DTYPE_FP8) MLAGEN_EXPECT(p->q_scale, "q_scale: NULL pointer (fp8 q: a device float32)");
+  MLAGEN_EXPECT(p->q_from_bf16 == 0 || p->q_from_bf16 == 1, "q_from_bf16=%d: expected 0 or 1", p->q_from_bf16);
+  MLAGEN_EXPECT(!p->q_from_bf16 || p->q_dtype == MLAGEN_DTYPE_FP8,
+                "q_from_bf16=1: expected q_dtype fp8 (%d), the precision the bf16 q is quantized to", MLAGEN_DTYPE_FP8);
+  if (p->q_dtype == MLAGEN_DTYPE_FP8 && !p->q_from_bf16)
+    MLAGEN_EXPECT(p->q_scale, "q_scale: NULL pointer (fp8 q: a device float32; or q_from_bf16=1 with a bf16 q)");
+  if (p->q_from_bf16) MLAGEN_EXPECT(!p->q_scale, "q_scale: expected NULL with q_from_bf16=1 (the library finds it)");
   MLAGEN_EXPECT(p->qo_indptr, "qo_indptr: NULL pointer");
   MLAGEN_EXPECT(p->kv_indptr, "kv_indptr: NULL pointer");
   MLAGEN_EXPECT(p->out, "out: NULL pointer");
   // Layout: the kernels read q in 4-byte (fp8) / 8-byte (bf16) pieces, kv rows and out in
   // 16-byte pieces.
-  const int q_align = p->q_dtype == MLAGEN_DTYPE_FP8 ? 4 : 8;
+  const int q_align = p->q_dtype == MLAGEN_DTYPE_FP8 && !p->q_from_bf16 ? 4 : 8;
   MLAGEN_EXPECT(aligned(p->q, q_align), "q: address %p not %d-byte aligned", p->q, q_align);
   MLAGEN_EXPECT(p->q_stride_head >= 1 && p->q_stride_head % 4 == 0,
                 "q_stride_head=%lld: expected a positive multiple of 4 elements", (long long)p->q_stride_head);

@@ -67,11 +67,23 @@ DEFAULT_EXPECT = {
     "max_lds": None,            # static LDS bytes per workgroup
     "min_occupancy": None,      # waves per SIMD
     "require_mfma": "arch",     # comma list of MFMA mnemonics every non-exempt kernel must use;
-                                # "arch" = the intended ones of its arch (REQUIRED_MFMA), "" = none
+                                # "arch" = the intended ones of its arch and KV format
+                                # (REQUIRED_MFMA via required_mfma()), "" = none
 }
-# The matrix instructions each arch's decode kernel is meant to use (f16 operands: the fp8 KV
-# decodes to f16 exactly). gfx950: 16x16x32 (PV, QK pairs); gfx942: 16x16x16.
-REQUIRED_MFMA = {"gfx950": "v_mfma_f32_16x16x32_f16", "gfx942": "v_mfma_f32_16x16x16_f16"}
+# The matrix instructions each arch's decode kernel is meant to use, per compute path: the fp8
+# path runs on f16 operands (the fp8 KV decodes to f16 exactly), the wide path (bf16 and mxfp4
+# KV, mxfp4 dequantized to bf16 in LDS) on bf16 operands. gfx950: 16x16x32 (PV, QK pairs);
+# gfx942: 16x16x16.
+REQUIRED_MFMA = {("gfx950", "f16"): "v_mfma_f32_16x16x32_f16", ("gfx942", "f16"): "v_mfma_f32_16x16x16_f16",
+                 ("gfx950", "bf16"): "v_mfma_f32_16x16x32_bf16", ("gfx942", "bf16"): "v_mfma_f32_16x16x16_bf16"}
+WIDE_KV_RE = re.compile(r"_kv(bf16|mxfp4)(_|\.hip$)")  # the KV dtype tag of a generated kernel's name
+
+
+def required_mfma(arch: str, source: str) -> str:
+    """The intended MFMA mnemonic of the kernel in `source` (a generated file name carries its
+    KV dtype): bf16 for bf16 / mxfp4 KV, f16 otherwise (fp8 KV, the self-test)."""
+    operands = "bf16" if WIDE_KV_RE.search(os.path.basename(source)) else "f16"
+    return REQUIRED_MFMA.get((arch, operands), "")
 
 
 def default_chroot() -> str:
@@ -534,12 +546,12 @@ def compile_job(job: Job, out_dir: str, chroot: str, stage: ChrootStage | None, 
     for k in job.kernels:
         k.failures = check_kernel(k, job.expect)
         req = job.expect.get("require_mfma")
-        req = REQUIRED_MFMA.get(job.arch, "") if req == "arch" else (req or "")
+        req = required_mfma(job.arch, job.source) if req == "arch" else (req or "")
         if not mfma_exempt(k, job.expect):
-            have = " ".join(k.mfma) if isinstance(k.mfma, (list, tuple, set, dict)) else str(k.mfma)
+            have = set(k.mfma)
             for mn in filter(None, (x.strip() for x in req.split(","))):
-                if mn.replace("v_mfma_", "") not in have:
-                    k.failures.append(f"intended MFMA {mn} not in the assembly (has: {have or 'none'})")
+                if mn not in have:
+                    k.failures.append(f"intended MFMA {mn} not in the assembly (has: {' '.join(sorted(have)) or 'none'})")
     return job
 
 

@@ -20,7 +20,8 @@ struct KernelEntry {
   const char* name;
 };
 
-// Device workspace: [0, 256) error word and reserved; then split maxima/sums; then split outputs.
+// Device workspace: [0, 256) the error word (at 0) and the fp8-q pre-pass maxima (at 64,
+// formats.cuh kQAmaxOffset); then split maxima/sums; then split outputs.
 struct WorkspaceLayout {
   size_t ml_offset, o_offset, bytes;
 };

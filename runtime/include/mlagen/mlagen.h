@@ -81,7 +81,11 @@ typedef struct {
   const char* kernel_name;   /* NULL: dispatch; else run exactly this kernel (tests, tuning) */
   int64_t kv_scale_stride;   /* mxfp4: bytes between two tokens' scale rows, 18..32 (18 packed,
                                 24 as padded quantizers return it); ignored otherwise */
-  const float* q_scale;      /* fp8 q: device pointer, one float32 (dequant = q * scale); else unused */
+  const float* q_scale;      /* fp8 q given quantized: device pointer, one float32 (dequant = q * scale) */
+  int32_t q_from_bf16;       /* q_dtype fp8 only. 1: q holds bf16 and the library quantizes it per tensor
+                                to fp8 on the device, the leaderboard reference's recipe (scale =
+                                bf16(max|q| / fp8_max), q8 = fp8(clamp(bf16(q / scale)))); q_scale must be
+                                NULL. 0: q holds fp8, q_scale its scale. */
 } mlagen_problem;
 
 typedef struct {

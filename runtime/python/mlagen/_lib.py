@@ -27,6 +27,7 @@ class Problem(ctypes.Structure):
         ("out_stride_token", ctypes.c_int64), ("out_stride_head", ctypes.c_int64),
         ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t), ("stream", ctypes.c_void_p),
         ("kernel_name", ctypes.c_char_p), ("kv_scale_stride", ctypes.c_int64), ("q_scale", ctypes.c_void_p),
+        ("q_from_bf16", ctypes.c_int32),
     ]
 
     @classmethod

@@ -119,24 +119,100 @@ MLAGEN_DEVICE void mxfp4_stage_to_bf16(const uint8_t* stage, int scale_off, int6
   }
 }
 
-// Four consecutive query dims as fp32. bf16: exact. fp8: the arch's flavour, exact (the
-// per-tensor scale is folded into S, see q_scale_of).
+// ---- the query ----------------------------------------------------------------------------
+// bf16 q is used as given. fp8 q is the arch's flavour with a per-tensor scale, either given
+// (q_scale) or found here from the bf16 q, exactly as the leaderboard's reference quantizes
+// (quant.quantize_fp8: arithmetic in bf16): amax = max|q| over the whole tensor (a tiny
+// pre-pass, q_amax_kernel, writes per-block maxima; the decode grid reduces them),
+// scale = bf16(amax / fp8_max), q8 = fp8(clamp(bf16(q / scale), +-fp8_max)). The decode then
+// computes with q8 (exact in f16 / bf16) and folds the scale into S.
+#if defined(__gfx942__)
+constexpr float kFp8Max = 240.f;  // e4m3fnuz
+constexpr int kFp8MinExp = -7;
+#else
+constexpr float kFp8Max = 448.f;  // e4m3fn (NVIDIA, gfx950)
+constexpr int kFp8MinExp = -6;
+#endif
+constexpr int kQAmaxParts = 48;    // pre-pass blocks at most (their maxima sit in the workspace)
+constexpr int kQAmaxOffset = 64;   // workspace byte offset of the maxima (inside its reserved 256)
+
+MLAGEN_DEVICE float round_bf16(float x) { return bf16_lo(pack_bf16x2(x, 0.f)); }
+MLAGEN_DEVICE float pow2i(int k) { return __uint_as_float(static_cast<uint32_t>(k + 127) << 23); }  // k in [-126, 127]
+// Round-to-nearest-even onto the arch's e4m3 grid (3 mantissa bits, subnormals below
+// 2^kFp8MinExp); |x| <= kFp8Max.
+MLAGEN_DEVICE float round_fp8(float x) {
+  const uint32_t sign = __float_as_uint(x) & 0x80000000u;
+  const float ax = __uint_as_float(__float_as_uint(x) ^ sign);
+  int e = static_cast<int>((__float_as_uint(ax) >> 23) & 0xffu) - 127;
+  e = e < kFp8MinExp ? kFp8MinExp : e;
+  const float step = pow2i(e - 3);
+#if defined(MLAGEN_NVIDIA)
+  const float r = rintf(ax / step) * step;  // rintf: round half to even
+#else
+  const float r = __builtin_rintf(ax / step) * step;
+#endif
+  return __uint_as_float(__float_as_uint(r) | sign);
+}
+
+struct QQuant {
+  float scale;    // what S is multiplied by (1 for bf16 q)
+  bool quantize;  // fp8 q found here from bf16 q
+};
+
+// Once per block, before the first load_q4. When quantizing, waits for the pre-pass grid
+// (programmatic dependent launch on NVIDIA: the KV prologue was issued before this).
 template <QFormat QF>
-MLAGEN_DEVICE float4 load_q4(const Params& p, int64_t q_row, int head, int dim) {
-  const int64_t at = q_row * p.q_stride_token + head * p.q_stride_head + dim;
-  if constexpr (QF == QFormat::kFp8) {
-    return fp8x4_to_float4(*reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(p.q) + at));
+MLAGEN_DEVICE QQuant q_setup(const Params& p) {
+  if constexpr (QF == QFormat::kBf16) {
+    return QQuant{1.f, false};
   } else {
-    const uint2 v = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(p.q) + at);
-    return make_float4(bf16_lo(v.x), bf16_hi(v.x), bf16_lo(v.y), bf16_hi(v.y));
+    if (p.q_amax_parts == 0) return QQuant{*p.q_scale, false};
+    wait_for_prior_grid();
+    float amax = 0.f;
+    for (int i = 0; i < p.q_amax_parts; ++i) amax = fmaxf(amax, p.q_amax[i]);
+    return QQuant{round_bf16(round_bf16(fmaxf(amax, 1e-12f)) / kFp8Max), true};
   }
 }
 
-// The query scale the kernels fold into S: 1 for bf16 q, the per-tensor scale for fp8 q.
+// Four consecutive query dims as fp32: bf16 exact; fp8 exact in units of the scale.
 template <QFormat QF>
-MLAGEN_DEVICE float q_scale_of(const Params& p) {
-  return QF == QFormat::kFp8 ? *p.q_scale : 1.f;
+MLAGEN_DEVICE float4 load_q4(const Params& p, const QQuant& qq, int64_t q_row, int head, int dim) {
+  const int64_t at = q_row * p.q_stride_token + head * p.q_stride_head + dim;
+  if (QF == QFormat::kFp8 && !qq.quantize)
+    return fp8x4_to_float4(*reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(p.q) + at));
+  const uint2 v = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(p.q) + at);
+  float4 f = make_float4(bf16_lo(v.x), bf16_hi(v.x), bf16_lo(v.y), bf16_hi(v.y));
+  if (QF == QFormat::kFp8) {
+    auto q8 = [&](float x) { return round_fp8(fminf(fmaxf(round_bf16(x / qq.scale), -kFp8Max), kFp8Max)); };
+    f = make_float4(q8(f.x), q8(f.y), q8(f.z), q8(f.w));
+  }
+  return f;
 }
+
+// The pre-pass of fp8 q quantized here: block i writes max|q| over rows i, i + grid, ...
+// kThreads threads; grid = min(total_q, kQAmaxParts). (A template: one definition however many
+// generated files include it.)
+template <int kThreads = 256>
+__global__ void __launch_bounds__(kThreads) q_amax_kernel(const Params p) {
+  allow_dependent_launch();  // the decode grid may start its KV loads now
+  float m = 0.f;
+  for (int64_t r = blockIdx.x; r < p.total_q; r += gridDim.x)
+    for (int i = threadIdx.x; i < kHeads * kQkDim / 4; i += kThreads) {
+      const int h = i / (kQkDim / 4), d = 4 * (i % (kQkDim / 4));
+      const uint2 v = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(p.q) + r * p.q_stride_token +
+                                                      h * p.q_stride_head + d);
+      m = fmaxf(m, fmaxf(fmaxf(fabsf(bf16_lo(v.x)), fabsf(bf16_hi(v.x))), fmaxf(fabsf(bf16_lo(v.y)), fabsf(bf16_hi(v.y)))));
+    }
+  __shared__ float red[kThreads / MLAGEN_WARP_SIZE];
+  for (int o = MLAGEN_WARP_SIZE / 2; o > 0; o /= 2) m = fmaxf(m, __shfl_xor(m, o));
+  if (threadIdx.x % MLAGEN_WARP_SIZE == 0) red[threadIdx.x / MLAGEN_WARP_SIZE] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kThreads / MLAGEN_WARP_SIZE; ++w) m = fmaxf(m, red[w]);
+    p.q_amax[blockIdx.x] = m;
+  }
+}
+
 // The per-tensor KV scale folded into S and O: fp8 only (mxfp4 scales are applied while
 // dequantizing, bf16 has none: null pointer). mla_combine_kernel reads it the same way.
 MLAGEN_DEVICE float kv_scale_of(const Params& p) { return p.kv_scale ? *p.kv_scale : 1.f; }

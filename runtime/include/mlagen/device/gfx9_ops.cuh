@@ -3,6 +3,9 @@
 // lane l = i + 16*j (i = l%16, j = l/16):
 //   16x16x16 f16:  A[i][4j..4j+3]   B[4j..4j+3][i]   C/D[4j+r][i], r = 0..3
 //   16x16x32 f16:  A[i][8j..8j+7]   B[8j..8j+7][i]   C/D[4j+r][i]            (gfx950)
+//   16x16x16 bf16: A[i][4j..4j+3]   B[4j..4j+3][i]   C/D[4j+r][i]   (v_mfma_f32_16x16x16_bf16,
+//                  the "_1k" builtin: 4 bf16 a lane, passed as a short x4 of bf16 bit patterns)
+//   16x16x32 bf16: A[i][8j..8j+7]   B[8j..8j+7][i]   C/D[4j+r][i]   (gfx950; __bf16 x8 operands)
 #pragma once
 #include "mlagen/platform.h"
 
@@ -15,6 +18,11 @@ namespace mlagen::device::gfx9 {
 typedef _Float16 f16x4 __attribute__((ext_vector_type(4)));
 typedef _Float16 f16x8 __attribute__((ext_vector_type(8)));
 typedef float f32x4 __attribute__((ext_vector_type(4)));
+typedef short bf16x4 __attribute__((ext_vector_type(4)));  // 4 bf16 bit patterns (element 0 lowest)
+typedef short bf16x8_bits __attribute__((ext_vector_type(8)));
+typedef __bf16 bf16x8 __attribute__((ext_vector_type(8)));
+typedef __bf16 bf16x2 __attribute__((ext_vector_type(2)));
+typedef float f32x2 __attribute__((ext_vector_type(2)));
 
 // LDS a workgroup may use. The host pass (no arch macro) takes the smaller limit.
 #if defined(__gfx950__)
@@ -65,6 +73,18 @@ MLAGEN_DEVICE f16x4 fp8x4_to_f16x4(uint32_t w) {
 #endif
 }
 
+// Four fp8 bytes -> fp32, exact (the fp8 query).
+MLAGEN_DEVICE float4 fp8x4_to_float4(uint32_t w) {
+#if defined(__HIP_DEVICE_COMPILE__)
+  const int v = static_cast<int>(w);
+  return make_float4(__builtin_amdgcn_cvt_f32_fp8(v, 0), __builtin_amdgcn_cvt_f32_fp8(v, 1),
+                     __builtin_amdgcn_cvt_f32_fp8(v, 2), __builtin_amdgcn_cvt_f32_fp8(v, 3));
+#else
+  (void)w;
+  return make_float4(0.f, 0.f, 0.f, 0.f);
+#endif
+}
+
 MLAGEN_DEVICE f16x4 f32x4_to_f16x4(float a, float b, float c, float d) {
   f16x4 r = {static_cast<_Float16>(a), static_cast<_Float16>(b), static_cast<_Float16>(c),
              static_cast<_Float16>(d)};
@@ -92,6 +112,43 @@ MLAGEN_DEVICE void mfma_k32(f32x4& d, f16x4 a_lo, f16x4 a_hi, f16x4 b_lo, f16x4 
 #endif
 }
 
+// Two fp32 -> bf16x2 (lo in the low half), round to nearest even, NaN stays NaN: one
+// v_cvt_pk_bf16_f32 on gfx950, a few integer ops on gfx942 (the compiler's fptrunc).
+MLAGEN_DEVICE uint32_t pack_bf16x2_rn(float lo, float hi) {
+  return __builtin_bit_cast(uint32_t, __builtin_convertvector((f32x2{lo, hi}), bf16x2));
+}
+
+// Two words of bf16 pairs (lo = elements 0, 1) as one bf16 MFMA operand of 4.
+MLAGEN_DEVICE bf16x4 bf16x4_of(uint32_t lo, uint32_t hi) {
+  return __builtin_bit_cast(bf16x4, (static_cast<uint64_t>(hi) << 32) | lo);
+}
+
+MLAGEN_DEVICE bf16x4 f32x4_to_bf16x4(float a, float b, float c, float d) {
+  return bf16x4_of(pack_bf16x2_rn(a, b), pack_bf16x2_rn(c, d));
+}
+
+// D += A B over k = 16, bf16 operands: one v_mfma_f32_16x16x16_bf16.
+MLAGEN_DEVICE void mfma_bf16_k16(f32x4& d, bf16x4 a, bf16x4 b) {
+#if defined(__HIP_DEVICE_COMPILE__)
+  d = __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(a, b, d, 0, 0, 0);
+#endif
+}
+
+// D += A B over k = 32 given as two k = 16 halves, bf16 operands (slot 8j+e, e < 4, is the
+// low half's slot 4j+e; e >= 4 the high half's 4j+e-4): one v_mfma_f32_16x16x32_bf16 on
+// gfx950, two 16x16x16 on gfx942. Both sum the same 32 products.
+MLAGEN_DEVICE void mfma_bf16_k32(f32x4& d, bf16x4 a_lo, bf16x4 a_hi, bf16x4 b_lo, bf16x4 b_hi) {
+#if defined(__gfx950__)
+  const bf16x8_bits a = __builtin_shufflevector(a_lo, a_hi, 0, 1, 2, 3, 4, 5, 6, 7);
+  const bf16x8_bits b = __builtin_shufflevector(b_lo, b_hi, 0, 1, 2, 3, 4, 5, 6, 7);
+  d = __builtin_amdgcn_mfma_f32_16x16x32_bf16(__builtin_bit_cast(bf16x8, a), __builtin_bit_cast(bf16x8, b), d, 0, 0,
+                                              0);
+#else
+  mfma_bf16_k16(d, a_lo, b_lo);
+  mfma_bf16_k16(d, a_hi, b_hi);
+#endif
+}
+
 MLAGEN_DEVICE uint32_t lds32(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
 // 4x4 byte transpose: out[u] = bytes u of w[0..3], w[0] in the low byte.
@@ -102,6 +159,15 @@ MLAGEN_DEVICE void transpose4x4(const uint32_t (&w)[4], uint32_t (&out)[4]) {
   out[1] = byte_perm(lo01, lo23, 0x7632);
   out[2] = byte_perm(hi01, hi23, 0x5410);
   out[3] = byte_perm(hi01, hi23, 0x7632);
+}
+
+// 4x4 transpose of 16-bit elements: w[r] holds elements 0..3 of row r (element 0 in the low
+// half of w[r].x); out[u] = element u of rows 0..3, row 0 lowest.
+MLAGEN_DEVICE void transpose4x4_b16(const uint2 (&w)[4], bf16x4 (&out)[4]) {
+  out[0] = bf16x4_of(byte_perm(w[0].x, w[1].x, 0x5410), byte_perm(w[2].x, w[3].x, 0x5410));
+  out[1] = bf16x4_of(byte_perm(w[0].x, w[1].x, 0x7632), byte_perm(w[2].x, w[3].x, 0x7632));
+  out[2] = bf16x4_of(byte_perm(w[0].y, w[1].y, 0x5410), byte_perm(w[2].y, w[3].y, 0x5410));
+  out[3] = bf16x4_of(byte_perm(w[0].y, w[1].y, 0x7632), byte_perm(w[2].y, w[3].y, 0x7632));
 }
 
 }  // namespace mlagen::device::gfx9

@@ -14,7 +14,10 @@ inline Params make_params(const mlagen_problem* pr, int32_t splits) {
   p.q = pr->q;
   p.q_stride_token = pr->q_stride_token;
   p.q_stride_head = pr->q_stride_head;
-  p.q_scale = pr->q_dtype == MLAGEN_DTYPE_FP8 ? pr->q_scale : nullptr;
+  const bool quantize_q = pr->q_dtype == MLAGEN_DTYPE_FP8 && pr->q_from_bf16;
+  p.q_scale = pr->q_dtype == MLAGEN_DTYPE_FP8 && !quantize_q ? pr->q_scale : nullptr;
+  p.q_amax = quantize_q ? reinterpret_cast<float*>(base + kQAmaxOffset) : nullptr;
+  p.q_amax_parts = quantize_q ? static_cast<int32_t>(pr->total_q < kQAmaxParts ? pr->total_q : kQAmaxParts) : 0;
   p.kv = static_cast<const uint8_t*>(pr->kv);
   p.kv_stride_bytes = pr->kv_stride_token * (pr->kv_dtype == MLAGEN_DTYPE_BF16 ? 2 : 1);
   const bool fp8_kv = pr->kv_dtype == MLAGEN_DTYPE_FP8E4M3FN || pr->kv_dtype == MLAGEN_DTYPE_FP8E4M3FNUZ;
@@ -54,34 +57,55 @@ mlagen_status ensure_smem_limit(Kernel* kernel, int bytes, uint64_t& configured)
   return MLAGEN_OK;
 }
 
+#if defined(MLAGEN_NVIDIA)
+// Programmatic dependent launch: the grid is launched while the previous one in the stream
+// still runs and waits on the device (griddepcontrol.wait) for its results, which hides
+// the launch gap between the two kernels.
+template <class Kernel>
+hipError_t launch_dependent(Kernel* kernel, dim3 grid, dim3 block, int smem, hipStream_t stream, const Params& p) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, p);
+}
+#endif
+
+// [q_amax_kernel, when fp8 q is quantized here] -> decode -> [combine, when split].
 template <class T, class Shape>
 mlagen_status launch_mla_decode(const mlagen_problem* pr, int32_t splits) {
   const Params p = make_params(pr, splits);
   auto* kernel = &mla_decode_kernel<T, Shape>;
+  auto* combine = &mla_combine_kernel<T, Shape>;
   static uint64_t smem_configured = 0;  // one per (tiling, shape) instantiation = one per kernel
   const mlagen_status st = ensure_smem_limit(kernel, T::kSmemBytes, smem_configured);
   if (st != MLAGEN_OK) return st;
   const auto stream = static_cast<hipStream_t>(pr->stream);
-  hipLaunchKernelGGL(kernel, dim3(splits, pr->batch), dim3(T::kThreads), T::kSmemBytes, stream, p);
+  const dim3 grid(splits, pr->batch), block(T::kThreads);
+  if (p.q_amax_parts > 0) {
+    auto* amax = &q_amax_kernel<256>;
+    hipLaunchKernelGGL(amax, dim3(p.q_amax_parts), dim3(256), 0, stream, p);
+#if defined(MLAGEN_NVIDIA)
+    const hipError_t le = launch_dependent(kernel, grid, block, T::kSmemBytes, stream, p);
+    if (le != hipSuccess) return fail(MLAGEN_ERR_DEVICE, "decode launch failed: %s", hipGetErrorString(le));
+#else
+    hipLaunchKernelGGL(kernel, grid, block, T::kSmemBytes, stream, p);
+#endif
+  } else {
+    hipLaunchKernelGGL(kernel, grid, block, T::kSmemBytes, stream, p);
+  }
   if (splits > 1) {
 #if defined(MLAGEN_NVIDIA)
-    // Programmatic dependent launch: the combine grid is launched while the decode grid
-    // still runs and waits on the device (griddepcontrol.wait) for its results, which
-    // hides the launch gap between the two kernels.
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(pr->batch * kHeads);
-    cfg.blockDim = dim3(128);
-    cfg.dynamicSmemBytes = 0;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    const cudaError_t le = cudaLaunchKernelEx(&cfg, &mla_combine_kernel<T, Shape>, p);
-    if (le != cudaSuccess) return fail(MLAGEN_ERR_DEVICE, "combine launch failed: %s", cudaGetErrorString(le));
+    const hipError_t le = launch_dependent(combine, dim3(pr->batch * kHeads), dim3(128), 0, stream, p);
+    if (le != hipSuccess) return fail(MLAGEN_ERR_DEVICE, "combine launch failed: %s", hipGetErrorString(le));
 #else
-    hipLaunchKernelGGL(mla_combine_kernel<T, Shape>, dim3(pr->batch * kHeads), dim3(128), 0, stream, p);
+    hipLaunchKernelGGL(combine, dim3(pr->batch * kHeads), dim3(128), 0, stream, p);
 #endif
   }
   const hipError_t e = hipGetLastError();

@@ -118,23 +118,7 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
   const int ntiles = range.ntiles, tok_begin = range.tok_begin, tok_end = range.tok_end;
   const uint8_t* kv = p.kv + seq.kv_begin * p.kv_stride_bytes;
   const float kv_scale = kv_scale_of(p);
-  const float s_scale = kv_scale * q_scale_of<T::kQ>(p) * kKDecodeScale * p.sm_scale * kLog2e;  // log2 domain
   const float o_scale = kv_scale * kVDecodeScale;  // per decoded V unit
-
-  // Q as f16 A fragments for this warp's 144 dims. The k order inside each 16-dim chunk
-  // is permuted to match how K arrives (4 consecutive fp8 per lane, see below):
-  // logical k 2t,2t+1 <- dims 4t,4t+1 and logical k 2t+8,2t+9 <- dims 4t+2,4t+3.
-  uint32_t qf[T::kQkChunksPerWarp][4];
-#pragma unroll
-  for (int c = 0; c < T::kQkChunksPerWarp; ++c) {
-    const int d = (warp * T::kQkChunksPerWarp + c) * 16 + 4 * t;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float4 v = load_q4<T::kQ>(p, seq.q_row, g + 8 * r, d);
-      qf[c][r] = pack_f16x2(v.x, v.y);
-      qf[c][r + 2] = pack_f16x2(v.z, v.w);
-    }
-  }
 
   auto issue_tile = [&](int tile, int stage) {
     const int tok0 = tok_begin + tile * BN;
@@ -163,6 +147,25 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
     if (s < ntiles) issue_tile(s, s);
     cp_async_commit();
   }
+
+  // The query after the KV prologue: an fp8 q quantized here waits for its pre-pass.
+  const QQuant qq = q_setup<T::kQ>(p);
+  const float s_scale = kv_scale * qq.scale * kKDecodeScale * p.sm_scale * kLog2e;  // log2 domain
+  // Q as f16 A fragments for this warp's 144 dims. The k order inside each 16-dim chunk
+  // is permuted to match how K arrives (4 consecutive fp8 per lane, see below):
+  // logical k 2t,2t+1 <- dims 4t,4t+1 and logical k 2t+8,2t+9 <- dims 4t+2,4t+3.
+  uint32_t qf[T::kQkChunksPerWarp][4];
+#pragma unroll
+  for (int c = 0; c < T::kQkChunksPerWarp; ++c) {
+    const int d = (warp * T::kQkChunksPerWarp + c) * 16 + 4 * t;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float4 v = load_q4<T::kQ>(p, qq, seq.q_row, g + 8 * r, d);
+      qf[c][r] = pack_f16x2(v.x, v.y);
+      qf[c][r + 2] = pack_f16x2(v.z, v.w);
+    }
+  }
+
 
   for (int it = 0; it < ntiles; ++it) {
     cp_async_wait<ST - 2>();
@@ -290,24 +293,6 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
   const SplitRange range = split_range(seq.len, split, splits, BN);
   const int ntiles = range.ntiles, tok_begin = range.tok_begin, tok_end = range.tok_end;
   const uint8_t* kv = p.kv + seq.kv_begin * p.kv_stride_bytes;
-  const float s_scale = q_scale_of<T::kQ>(p) * p.sm_scale * kLog2e;  // log2 domain
-
-  // Q as bf16 A fragments, natural k order: a[0] = Q[g][2t, 2t+1], a[1] = Q[g+8][2t, 2t+1],
-  // a[2] = Q[g][2t+8, 2t+9], a[3] = Q[g+8][2t+8, 2t+9] of each 16-dim chunk.
-  uint32_t qf[T::kQkChunksPerWarp][4];
-#pragma unroll
-  for (int c = 0; c < T::kQkChunksPerWarp; ++c) {
-    const int d = (warp * T::kQkChunksPerWarp + c) * 16;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      // two 4-dim loads cover dims 2t..2t+1 and 2t+8..2t+9 (and their neighbours)
-      const float4 lo = load_q4<T::kQ>(p, seq.q_row, g + 8 * r, d + 4 * (t >> 1));
-      const float4 hi = load_q4<T::kQ>(p, seq.q_row, g + 8 * r, d + 8 + 4 * (t >> 1));
-      const bool odd = t & 1;
-      qf[c][r] = pack_bf16x2_rn(odd ? lo.z : lo.x, odd ? lo.w : lo.y);
-      qf[c][r + 2] = pack_bf16x2_rn(odd ? hi.z : hi.x, odd ? hi.w : hi.y);
-    }
-  }
 
   auto issue_tile = [&](int tile, int stage) {
     const int tok0 = tok_begin + tile * BN;
@@ -328,11 +313,19 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
     if constexpr (kMx) {  // the scale rows of the tile's tokens, through an aligned window
       const MxScaleWindow win = mx_scale_window(seq.kv_begin + tok0, min(BN, tok_end - tok0), p.kv_scales_stride);
       const uint32_t wdst = dst + MxStage<BN>::kDataBytes;
+      // The scale rows end at `rows_end` (the last token's 18th scale byte): a 16-byte read
+      // that would cross it (only in the tile holding the last KV row) goes byte by byte.
+      const int64_t rows_end = (p.total_kv - 1) * p.kv_scales_stride + kMxBlocks;
       for (int c = threadIdx.x; c < MxStage<BN>::kScaleChunks; c += T::kThreads) {
         const int64_t at = win.start + 16 * c;
         const int64_t left = win.end - at;
         const int bytes = left <= 0 ? 0 : (left >= 16 ? 16 : static_cast<int>(left));
-        cp_async_16_partial(wdst + 16 * c, p.kv_scales + (bytes > 0 ? at : 0), bytes);
+        if (bytes == 0 || at + 16 <= rows_end) {
+          cp_async_16_partial(wdst + 16 * c, p.kv_scales + (bytes > 0 ? at : 0), bytes);
+        } else {
+          uint8_t* d = smem + stage * T::kStageBytes + MxStage<BN>::kDataBytes + 16 * c;
+          for (int k = 0; k < 16; ++k) d[k] = k < bytes ? p.kv_scales[at + k] : uint8_t{0};
+        }
       }
     }
   };
@@ -347,6 +340,26 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
     if (s < ntiles) issue_tile(s, s);
     cp_async_commit();
   }
+
+  const QQuant qq = q_setup<T::kQ>(p);  // after the KV prologue (see decode_fp8)
+  const float s_scale = qq.scale * p.sm_scale * kLog2e;  // log2 domain
+  // Q as bf16 A fragments, natural k order: a[0] = Q[g][2t, 2t+1], a[1] = Q[g+8][2t, 2t+1],
+  // a[2] = Q[g][2t+8, 2t+9], a[3] = Q[g+8][2t+8, 2t+9] of each 16-dim chunk.
+  uint32_t qf[T::kQkChunksPerWarp][4];
+#pragma unroll
+  for (int c = 0; c < T::kQkChunksPerWarp; ++c) {
+    const int d = (warp * T::kQkChunksPerWarp + c) * 16;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      // two 4-dim loads cover dims 2t..2t+1 and 2t+8..2t+9 (and their neighbours)
+      const float4 lo = load_q4<T::kQ>(p, qq, seq.q_row, g + 8 * r, d + 4 * (t >> 1));
+      const float4 hi = load_q4<T::kQ>(p, qq, seq.q_row, g + 8 * r, d + 8 + 4 * (t >> 1));
+      const bool odd = t & 1;
+      qf[c][r] = pack_bf16x2_rn(odd ? lo.z : lo.x, odd ? lo.w : lo.y);
+      qf[c][r + 2] = pack_bf16x2_rn(odd ? hi.z : hi.x, odd ? hi.w : hi.y);
+    }
+  }
+
 
   const int mrow = lane & 7, msel = lane >> 3;  // ldmatrix: this lane's row of matrix msel
   for (int it = 0; it < ntiles; ++it) {
