@@ -145,11 +145,11 @@ MLAGEN_DEVICE float round_fp8(float x) {
   const float ax = __uint_as_float(__float_as_uint(x) ^ sign);
   int e = static_cast<int>((__float_as_uint(ax) >> 23) & 0xffu) - 127;
   e = e < kFp8MinExp ? kFp8MinExp : e;
-  const float step = pow2i(e - 3);
+  const float step = pow2i(e - 3), inv_step = pow2i(3 - e);  // powers of two: exact scaling
 #if defined(MLAGEN_NVIDIA)
-  const float r = rintf(ax / step) * step;  // rintf: round half to even
+  const float r = rintf(ax * inv_step) * step;  // rintf: round half to even
 #else
-  const float r = __builtin_rintf(ax / step) * step;
+  const float r = __builtin_rintf(ax * inv_step) * step;
 #endif
   return __uint_as_float(__float_as_uint(r) | sign);
 }
