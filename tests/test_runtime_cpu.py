@@ -126,6 +126,7 @@ BAD_FORMAT = [
     (dict(q_dtype="fp8"), dict(q_from_bf16=1), "q_scale: expected NULL with q_from_bf16=1"),
     (dict(q_dtype="bf16"), dict(q_from_bf16=1), "q_from_bf16=1: expected q_dtype fp8"),
     (dict(q_dtype="fp8"), dict(q_from_bf16=2), "q_from_bf16=2: expected 0 or 1"),
+    (dict(q_dtype="fp8"), dict(q_from_bf16=1, q_scale=None, q=0x1008), "q: address 0x1008 not 16-byte aligned"),
     (dict(q_dtype="fp8"), dict(q=0x1002), "q: address 0x1002 not 4-byte aligned"),
 ]
 
@@ -142,7 +143,7 @@ def test_invalid_format_fields_name_field_and_expectation(L, dtypes, fields, msg
 
 
 def test_fp8_q_from_bf16_needs_no_scale(L):
-    p = Problem.make(4, 1024, q_dtype="fp8", q_scale=None, q_from_bf16=1, q=0x1008)  # 8-byte aligned bf16
+    p = Problem.make(4, 1024, q_dtype="fp8", q_scale=None, q_from_bf16=1)
     assert _lib.select(p)["q_dtype"] == "fp8"
 
 

@@ -101,6 +101,12 @@ mlagen_status validate(const mlagen_problem* p) {
   // 16-byte pieces.
   const int q_align = p->q_dtype == MLAGEN_DTYPE_FP8 && !p->q_from_bf16 ? 4 : 8;
   MLAGEN_EXPECT(aligned(p->q, q_align), "q: address %p not %d-byte aligned", p->q, q_align);
+  if (p->q_from_bf16) {  // the fp8-q pre-pass reads the bf16 q in 16-byte pieces
+    MLAGEN_EXPECT(aligned(p->q, 16), "q: address %p not 16-byte aligned (q_from_bf16=1)", p->q);
+    MLAGEN_EXPECT(p->q_stride_head % 8 == 0 && p->q_stride_token % 8 == 0,
+                  "q_stride_head=%lld q_stride_token=%lld: expected multiples of 8 elements (q_from_bf16=1)",
+                  (long long)p->q_stride_head, (long long)p->q_stride_token);
+  }
   MLAGEN_EXPECT(p->q_stride_head >= 1 && p->q_stride_head % 4 == 0,
                 "q_stride_head=%lld: expected a positive multiple of 4 elements", (long long)p->q_stride_head);
   MLAGEN_EXPECT(p->q_stride_token >= 1 && p->q_stride_token % 4 == 0,

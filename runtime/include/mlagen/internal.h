@@ -20,15 +20,16 @@ struct KernelEntry {
   const char* name;
 };
 
-// Device workspace: [0, 256) the error word (at 0) and the fp8-q pre-pass maxima (at 64,
-// formats.cuh kQAmaxOffset); then split maxima/sums; then split outputs.
+// Device workspace: [0, 1024) the error word (at 0) and the fp8-q pre-pass maxima (at 64,
+// up to 240 floats: formats.cuh kQAmaxOffset / kQAmaxParts); then split maxima/sums; then
+// split outputs.
 struct WorkspaceLayout {
   size_t ml_offset, o_offset, bytes;
 };
 inline WorkspaceLayout workspace_layout(int64_t batch, int64_t splits, int64_t heads = 16, int64_t v_dim = 512) {
   auto align = [](size_t x) { return (x + 255) / 256 * 256; };
   WorkspaceLayout w{};
-  w.ml_offset = 256;
+  w.ml_offset = 1024;
   const size_t ml_bytes = splits > 1 ? static_cast<size_t>(batch * splits * heads) * 8 : 0;
   w.o_offset = align(w.ml_offset + ml_bytes);
   const size_t o_bytes = splits > 1 ? static_cast<size_t>(batch * splits * heads * v_dim) * 4 : 0;

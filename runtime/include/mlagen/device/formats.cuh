@@ -133,8 +133,8 @@ constexpr int kFp8MinExp = -7;
 constexpr float kFp8Max = 448.f;  // e4m3fn (NVIDIA, gfx950)
 constexpr int kFp8MinExp = -6;
 #endif
-constexpr int kQAmaxParts = 48;    // pre-pass blocks at most (their maxima sit in the workspace)
-constexpr int kQAmaxOffset = 64;   // workspace byte offset of the maxima (inside its reserved 256)
+constexpr int kQAmaxParts = 240;   // pre-pass blocks at most (their maxima sit in the workspace)
+constexpr int kQAmaxOffset = 64;   // workspace byte offset of the maxima (inside its reserved 1 KB)
 
 MLAGEN_DEVICE float round_bf16(float x) { return bf16_lo(pack_bf16x2(x, 0.f)); }
 MLAGEN_DEVICE float pow2i(int k) { return __uint_as_float(static_cast<uint32_t>(k + 127) << 23); }  // k in [-126, 127]
@@ -157,20 +157,34 @@ MLAGEN_DEVICE float round_fp8(float x) {
 struct QQuant {
   float scale;    // what S is multiplied by (1 for bf16 q)
   bool quantize;  // fp8 q found here from bf16 q
+  float inv;      // 1 / scale (rounded), when quantizing
 };
+
+// bf16(x / scale) exactly as a correctly rounded division followed by bf16 rounding, at the
+// cost of a multiply: x * inv is within ~1.5 fp32 ulp of the quotient, which moves its bf16
+// rounding only when it lies within a few ulp of a bf16 midpoint; those few take the division.
+MLAGEN_DEVICE float div_round_bf16(float x, float scale, float inv) {
+  float y = x * inv;
+  if (((__float_as_uint(y) & 0xffffu) - 0x7ffcu) <= 8u) y = x / scale;
+  return round_bf16(y);
+}
 
 // Once per block, before the first load_q4. When quantizing, waits for the pre-pass grid
 // (programmatic dependent launch on NVIDIA: the KV prologue was issued before this).
 template <QFormat QF>
 MLAGEN_DEVICE QQuant q_setup(const Params& p) {
   if constexpr (QF == QFormat::kBf16) {
-    return QQuant{1.f, false};
+    return QQuant{1.f, false, 1.f};
   } else {
-    if (p.q_amax_parts == 0) return QQuant{*p.q_scale, false};
+    if (p.q_amax_parts == 0) return QQuant{*p.q_scale, false, 1.f};
     wait_for_prior_grid();
+    // every warp reduces the pre-pass maxima itself (a few loads a lane, then shuffles)
+    const int lane = threadIdx.x % MLAGEN_WARP_SIZE;
     float amax = 0.f;
-    for (int i = 0; i < p.q_amax_parts; ++i) amax = fmaxf(amax, p.q_amax[i]);
-    return QQuant{round_bf16(round_bf16(fmaxf(amax, 1e-12f)) / kFp8Max), true};
+    for (int i = lane; i < p.q_amax_parts; i += MLAGEN_WARP_SIZE) amax = fmaxf(amax, p.q_amax[i]);
+    for (int o = MLAGEN_WARP_SIZE / 2; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor(amax, o));
+    const float scale = round_bf16(round_bf16(fmaxf(amax, 1e-12f)) / kFp8Max);
+    return QQuant{scale, true, 1.f / scale};
   }
 }
 
@@ -183,26 +197,39 @@ MLAGEN_DEVICE float4 load_q4(const Params& p, const QQuant& qq, int64_t q_row, i
   const uint2 v = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(p.q) + at);
   float4 f = make_float4(bf16_lo(v.x), bf16_hi(v.x), bf16_lo(v.y), bf16_hi(v.y));
   if (QF == QFormat::kFp8) {
-    auto q8 = [&](float x) { return round_fp8(fminf(fmaxf(round_bf16(x / qq.scale), -kFp8Max), kFp8Max)); };
+    auto q8 = [&](float x) { return round_fp8(fminf(fmaxf(div_round_bf16(x, qq.scale, qq.inv), -kFp8Max), kFp8Max)); };
     f = make_float4(q8(f.x), q8(f.y), q8(f.z), q8(f.w));
   }
   return f;
 }
 
 // The pre-pass of fp8 q quantized here: block i writes max|q| over rows i, i + grid, ...
-// kThreads threads; grid = min(total_q, kQAmaxParts). (A template: one definition however many
-// generated files include it.)
+// in 16-byte loads, four in flight a thread. kThreads threads; grid = min(total_q,
+// kQAmaxParts). (A template: one definition however many generated files include it.)
+MLAGEN_DEVICE float absmax_bf16x8(uint4 v) {
+  const float a = fmaxf(fmaxf(fabsf(bf16_lo(v.x)), fabsf(bf16_hi(v.x))), fmaxf(fabsf(bf16_lo(v.y)), fabsf(bf16_hi(v.y))));
+  const float b = fmaxf(fmaxf(fabsf(bf16_lo(v.z)), fabsf(bf16_hi(v.z))), fmaxf(fabsf(bf16_lo(v.w)), fabsf(bf16_hi(v.w))));
+  return fmaxf(a, b);
+}
 template <int kThreads = 256>
 __global__ void __launch_bounds__(kThreads) q_amax_kernel(const Params p) {
   allow_dependent_launch();  // the decode grid may start its KV loads now
+  constexpr int kChunks = kHeads * kQkDim / 8;  // 16-byte pieces of a q row (1152)
+  const uint16_t* q = static_cast<const uint16_t*>(p.q);
   float m = 0.f;
-  for (int64_t r = blockIdx.x; r < p.total_q; r += gridDim.x)
-    for (int i = threadIdx.x; i < kHeads * kQkDim / 4; i += kThreads) {
-      const int h = i / (kQkDim / 4), d = 4 * (i % (kQkDim / 4));
-      const uint2 v = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(p.q) + r * p.q_stride_token +
-                                                      h * p.q_stride_head + d);
-      m = fmaxf(m, fmaxf(fmaxf(fabsf(bf16_lo(v.x)), fabsf(bf16_hi(v.x))), fmaxf(fabsf(bf16_lo(v.y)), fabsf(bf16_hi(v.y)))));
+  for (int64_t r = blockIdx.x; r < p.total_q; r += gridDim.x) {
+    auto piece = [&](int i) {
+      const int h = i / (kQkDim / 8), d = 8 * (i % (kQkDim / 8));
+      return *reinterpret_cast<const uint4*>(q + r * p.q_stride_token + h * p.q_stride_head + d);
+    };
+    for (int i = threadIdx.x; i < kChunks; i += 4 * kThreads) {
+      uint4 v[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) v[u] = i + u * kThreads < kChunks ? piece(i + u * kThreads) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) m = fmaxf(m, absmax_bf16x8(v[u]));
     }
+  }
   __shared__ float red[kThreads / MLAGEN_WARP_SIZE];
   for (int o = MLAGEN_WARP_SIZE / 2; o > 0; o /= 2) m = fmaxf(m, __shfl_xor(m, o));
   if (threadIdx.x % MLAGEN_WARP_SIZE == 0) red[threadIdx.x / MLAGEN_WARP_SIZE] = m;
