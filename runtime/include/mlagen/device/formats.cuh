@@ -107,12 +107,23 @@ MLAGEN_DEVICE void mxfp4_stage_to_bf16(const uint8_t* stage, int scale_off, int6
   for (int c = tid; c < kBlockN * kMxBlocks; c += kThreads) {
     const int row = c / kMxBlocks, blk = c % kMxBlocks;
     const uint4 w = *reinterpret_cast<const uint4*>(stage + row * kMxRowBytes + blk * 16);
-    const float sc = row < valid ? e8m0_to_float(scales[row * scale_stride + blk]) : 0.f;
+    const uint32_t b = row < valid ? scales[row * scale_stride + blk] : 0u;
     uint32_t o[16];
-    mxfp4x8_to_bf16(w.x, sc, *reinterpret_cast<uint32_t(*)[4]>(o + 0));
-    mxfp4x8_to_bf16(w.y, sc, *reinterpret_cast<uint32_t(*)[4]>(o + 4));
-    mxfp4x8_to_bf16(w.z, sc, *reinterpret_cast<uint32_t(*)[4]>(o + 8));
-    mxfp4x8_to_bf16(w.w, sc, *reinterpret_cast<uint32_t(*)[4]>(o + 12));
+#if defined(MLAGEN_NVIDIA)
+    if (b >= 2u && b <= 252u) {  // the table route (sm90_ops.cuh); other scales take the fp32 one
+      e2m1x8_to_bf16_scaled(w.x, b, *reinterpret_cast<uint32_t(*)[4]>(o + 0));
+      e2m1x8_to_bf16_scaled(w.y, b, *reinterpret_cast<uint32_t(*)[4]>(o + 4));
+      e2m1x8_to_bf16_scaled(w.z, b, *reinterpret_cast<uint32_t(*)[4]>(o + 8));
+      e2m1x8_to_bf16_scaled(w.w, b, *reinterpret_cast<uint32_t(*)[4]>(o + 12));
+    } else
+#endif
+    {
+      const float sc = row < valid ? e8m0_to_float(b) : 0.f;
+      mxfp4x8_to_bf16(w.x, sc, *reinterpret_cast<uint32_t(*)[4]>(o + 0));
+      mxfp4x8_to_bf16(w.y, sc, *reinterpret_cast<uint32_t(*)[4]>(o + 4));
+      mxfp4x8_to_bf16(w.z, sc, *reinterpret_cast<uint32_t(*)[4]>(o + 8));
+      mxfp4x8_to_bf16(w.w, sc, *reinterpret_cast<uint32_t(*)[4]>(o + 12));
+    }
     uint4* dst = reinterpret_cast<uint4*>(out + row * out_pitch + blk * 64);
 #pragma unroll
     for (int k = 0; k < 4; ++k) dst[k] = make_uint4(o[4 * k], o[4 * k + 1], o[4 * k + 2], o[4 * k + 3]);

@@ -140,6 +140,35 @@ MLAGEN_DEVICE void cp_async_16_partial(uint32_t dst, const void* src, int bytes)
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
 }
 
+// prmt.b32 in its default mode: a selector nibble 0-7 copies that byte of {y:x}; 8-15 fills
+// the result byte with the sign (bit 7) of byte (nibble & 7). (__byte_perm documents only the
+// copy form, so the sign-replicating uses go through the instruction itself.)
+MLAGEN_DEVICE uint32_t prmt(uint32_t x, uint32_t y, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(x), "r"(y), "r"(sel));
+  return d;
+}
+
+// 8 E2M1 values (w, low nibble = even index) times 2^(b-127) -> 4 bf16x2 words, for scale
+// bytes b in [2, 252], where every product is a normal bf16 (so the bf16 multiply is exact).
+// The magnitude code (3 bits) indexes two 8-byte tables through prmt: the high and the low
+// byte of its bf16 (0, .5, 1, 1.5, 2, 3, 4, 6); the sign bits are spread by prmt's sign
+// replication (bit 3 of a nibble is bit 7 of the byte of w << 4). ~3 instructions a value.
+MLAGEN_DEVICE void e2m1x8_to_bf16_scaled(uint32_t w, uint32_t scale_b, uint32_t (&out)[4]) {
+  const uint32_t sc2 = (scale_b << 7) | (scale_b << 23);  // bf16x2 (2^(b-127), 2^(b-127))
+  const uint32_t w4 = w << 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t sel = (w >> (16 * h)) & 0x7777u;
+    const uint32_t hi = prmt(0x3F3F3F00u, 0x40404040u, sel), lo = prmt(0xC0800000u, 0xC0804000u, sel);
+    uint32_t a = prmt(lo, hi, 0x5140), b = prmt(lo, hi, 0x7362);  // values (4h, 4h+1), (4h+2, 4h+3)
+    a |= prmt(w, w4, h ? 0xA0E0u : 0x80C0u) & 0x80008000u;
+    b |= prmt(w, w4, h ? 0xB0F0u : 0x90D0u) & 0x80008000u;
+    asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(out[2 * h]) : "r"(a), "r"(sc2));
+    asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(out[2 * h + 1]) : "r"(b), "r"(sc2));
+  }
+}
+
 MLAGEN_DEVICE float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
