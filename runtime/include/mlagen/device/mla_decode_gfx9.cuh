@@ -62,6 +62,81 @@ struct Tiling : TileGeometry<kBlockN_, kStages_, /*waves=*/4> {
 };
 
 // ---- fp8 path ---------------------------------------------------------------------------
+// Sums the 4 waves' partial S^T tiles through LDS, masks tokens past `valid` and takes the
+// online-softmax step for head i (log2 domain). On return s holds the unnormalized P^T,
+// m / l are updated (l: this lane's share) and the returned factor rescales O.
+template <class T>
+MLAGEN_DEVICE float softmax_tile(gfx9::f32x4 (&s)[T::kMTiles], gfx9::f32x4* red, int wave, int lane, int valid,
+                                 float s_scale, float& m, float& l) {
+  constexpr int MT = T::kMTiles, W = MLAGEN_WARP_SIZE;
+  const int j = lane >> 4;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) red[(wave * MT + mt) * W + lane] = s[mt];
+  __syncthreads();
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    gfx9::f32x4 a = red[mt * W + lane];
+#pragma unroll
+    for (int w = 1; w < T::kWarps; ++w) a += red[(w * MT + mt) * W + lane];
+    s[mt] = a;
+  }
+  float mx = -INFINITY;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const float v = 16 * mt + 4 * j + r < valid ? s[mt][r] * s_scale : -INFINITY;
+      s[mt][r] = v;
+      mx = fmaxf(mx, v);
+    }
+  mx = fmaxf(mx, __shfl_xor(mx, 16));
+  mx = fmaxf(mx, __shfl_xor(mx, 32));
+  const float alpha = online_max_update(m, mx);
+  float lsum = 0.f;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      s[mt][r] = fast_exp2(s[mt][r] - m);
+      lsum += s[mt][r];
+    }
+  l = l * alpha + lsum;
+  return alpha;
+}
+
+// Lane (i, j) holds head i, dims wave*128 + 64*blk + 16j + (4r + u) = o[blk][u][r]: the
+// bf16 output (one split) or the split's partial (O, m, l). l: this lane's share.
+template <class T>
+MLAGEN_DEVICE void write_result(const Params& p, const gfx9::f32x4 (&o)[2][4], float m, float l, float o_scale,
+                                const Sequence& seq, int b, int split, int splits, int wave, int lane) {
+  const int i = lane & 15, j = lane >> 4;
+  l += __shfl_xor(l, 16);
+  l += __shfl_xor(l, 32);
+  if (splits == 1) {
+    const float inv = out_scale(l, o_scale, seq.bad);
+    uint16_t* out = p.out + seq.q_row * p.out_stride_token + i * p.out_stride_head + wave * T::kVDimsPerWarp + 16 * j;
+#pragma unroll
+    for (int blk = 0; blk < 2; ++blk) {
+      uint32_t w[8];
+#pragma unroll
+      for (int e = 0; e < 16; e += 2)
+        w[e / 2] = pack_bf16x2(o[blk][e % 4][e / 4] * inv, o[blk][(e + 1) % 4][(e + 1) / 4] * inv);
+      reinterpret_cast<uint4*>(out + 64 * blk)[0] = make_uint4(w[0], w[1], w[2], w[3]);
+      reinterpret_cast<uint4*>(out + 64 * blk)[1] = make_uint4(w[4], w[5], w[6], w[7]);
+    }
+  } else {
+    const int64_t slot = static_cast<int64_t>(b) * splits + split;
+    float* po = p.part_o + (slot * kHeads + i) * kVDim + wave * T::kVDimsPerWarp + 16 * j;
+#pragma unroll
+    for (int blk = 0; blk < 2; ++blk)
+#pragma unroll
+      for (int e = 0; e < 16; e += 4)
+        *reinterpret_cast<float4*>(po + 64 * blk + e) =
+            make_float4(o[blk][0][e / 4], o[blk][1][e / 4], o[blk][2][e / 4], o[blk][3][e / 4]);
+    if (wave == 0 && j == 0) p.part_ml[slot * kHeads + i] = split_state(m, l, seq.bad);
+  }
+}
+
 template <class T, class Shape>
 MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
   using namespace gfx9;
@@ -143,41 +218,8 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
       if constexpr (QC % 2) mfma_k16(s[mt], fp8x4_to_f16x4(lds32(krow + 16 * (QC - 1))), qf[QC - 1]);
     }
 
-    // ---- sum the 4 waves' partials --------------------------------------------------------
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) red[(wave * MT + mt) * MLAGEN_WARP_SIZE + lane] = s[mt];
-    __syncthreads();
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      f32x4 a = red[mt * MLAGEN_WARP_SIZE + lane];
-#pragma unroll
-      for (int w = 1; w < T::kWarps; ++w) a += red[(w * MT + mt) * MLAGEN_WARP_SIZE + lane];
-      s[mt] = a;
-    }
-
-    // ---- online softmax over tokens for head i (lanes i, i+16, i+32, i+48 share it) -------
-    const int valid = tok_end - (tok_begin + it * BN);
-    float mx = -INFINITY;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const float v = 16 * mt + 4 * j + r < valid ? s[mt][r] * s_scale : -INFINITY;
-        s[mt][r] = v;
-        mx = fmaxf(mx, v);
-      }
-    mx = fmaxf(mx, __shfl_xor(mx, 16));
-    mx = fmaxf(mx, __shfl_xor(mx, 32));
-    const float alpha = online_max_update(m, mx);
-    float lsum = 0.f;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        s[mt][r] = fast_exp2(s[mt][r] - m);
-        lsum += s[mt][r];
-      }
-    l = l * alpha + lsum;
+    // ---- sum the 4 waves' partials, online softmax over tokens for head i ------------------
+    const float alpha = softmax_tile<T>(s, red, wave, lane, tok_end - (tok_begin + it * BN), s_scale, m, l);
 #pragma unroll
     for (int blk = 0; blk < 2; ++blk)
 #pragma unroll
@@ -208,33 +250,7 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
     }
   }
 
-  l += __shfl_xor(l, 16);
-  l += __shfl_xor(l, 32);
-
-  // Lane (i, j) holds head i, dims wave*128 + 64*blk + 16j + (4r + u) = o[blk][u][r].
-  if (splits == 1) {
-    const float inv = out_scale(l, o_scale, seq.bad);
-    uint16_t* out = p.out + seq.q_row * p.out_stride_token + i * p.out_stride_head + wave * T::kVDimsPerWarp + 16 * j;
-#pragma unroll
-    for (int blk = 0; blk < 2; ++blk) {
-      uint32_t w[8];
-#pragma unroll
-      for (int e = 0; e < 16; e += 2)
-        w[e / 2] = pack_bf16x2(o[blk][e % 4][e / 4] * inv, o[blk][(e + 1) % 4][(e + 1) / 4] * inv);
-      reinterpret_cast<uint4*>(out + 64 * blk)[0] = make_uint4(w[0], w[1], w[2], w[3]);
-      reinterpret_cast<uint4*>(out + 64 * blk)[1] = make_uint4(w[4], w[5], w[6], w[7]);
-    }
-  } else {
-    const int64_t slot = static_cast<int64_t>(b) * splits + split;
-    float* po = p.part_o + (slot * kHeads + i) * kVDim + wave * T::kVDimsPerWarp + 16 * j;
-#pragma unroll
-    for (int blk = 0; blk < 2; ++blk)
-#pragma unroll
-      for (int e = 0; e < 16; e += 4)
-        *reinterpret_cast<float4*>(po + 64 * blk + e) =
-            make_float4(o[blk][0][e / 4], o[blk][1][e / 4], o[blk][2][e / 4], o[blk][3][e / 4]);
-    if (wave == 0 && j == 0) p.part_ml[slot * kHeads + i] = split_state(m, l, seq.bad);
-  }
+  write_result<T>(p, o, m, l, o_scale, seq, b, split, splits, wave, lane);
 }
 
 // ---- wide path (bf16 and mxfp4 KV) ------------------------------------------------------
@@ -265,81 +281,6 @@ MLAGEN_DEVICE uint4 load_scale_chunk(const uint8_t* scales, int64_t at, int64_t 
       if (k < left) w[k / 4] |= static_cast<uint32_t>(scales[at + k]) << (8 * (k % 4));
   }
   return make_uint4(w[0], w[1], w[2], w[3]);
-}
-
-// Sums the 4 waves' partial S^T tiles through LDS, masks tokens past `valid` and takes the
-// online-softmax step for head i (log2 domain). On return s holds the unnormalized P^T,
-// m / l are updated (l: this lane's share) and the returned factor rescales O.
-template <class T>
-MLAGEN_DEVICE float softmax_tile(gfx9::f32x4 (&s)[T::kMTiles], gfx9::f32x4* red, int wave, int lane, int valid,
-                                 float s_scale, float& m, float& l) {
-  constexpr int MT = T::kMTiles, W = MLAGEN_WARP_SIZE;
-  const int j = lane >> 4;
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) red[(wave * MT + mt) * W + lane] = s[mt];
-  __syncthreads();
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-    gfx9::f32x4 a = red[mt * W + lane];
-#pragma unroll
-    for (int w = 1; w < T::kWarps; ++w) a += red[(w * MT + mt) * W + lane];
-    s[mt] = a;
-  }
-  float mx = -INFINITY;
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const float v = 16 * mt + 4 * j + r < valid ? s[mt][r] * s_scale : -INFINITY;
-      s[mt][r] = v;
-      mx = fmaxf(mx, v);
-    }
-  mx = fmaxf(mx, __shfl_xor(mx, 16));
-  mx = fmaxf(mx, __shfl_xor(mx, 32));
-  const float alpha = online_max_update(m, mx);
-  float lsum = 0.f;
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      s[mt][r] = fast_exp2(s[mt][r] - m);
-      lsum += s[mt][r];
-    }
-  l = l * alpha + lsum;
-  return alpha;
-}
-
-// Lane (i, j) holds head i, dims wave*128 + 64*blk + 16j + (4r + u) = o[blk][u][r]: the
-// bf16 output (one split) or the split's partial (O, m, l). l: this lane's share.
-template <class T>
-MLAGEN_DEVICE void write_result(const Params& p, const gfx9::f32x4 (&o)[2][4], float m, float l, float o_scale,
-                                const Sequence& seq, int b, int split, int splits, int wave, int lane) {
-  const int i = lane & 15, j = lane >> 4;
-  l += __shfl_xor(l, 16);
-  l += __shfl_xor(l, 32);
-  if (splits == 1) {
-    const float inv = out_scale(l, o_scale, seq.bad);
-    uint16_t* out = p.out + seq.q_row * p.out_stride_token + i * p.out_stride_head + wave * T::kVDimsPerWarp + 16 * j;
-#pragma unroll
-    for (int blk = 0; blk < 2; ++blk) {
-      uint32_t w[8];
-#pragma unroll
-      for (int e = 0; e < 16; e += 2)
-        w[e / 2] = pack_bf16x2(o[blk][e % 4][e / 4] * inv, o[blk][(e + 1) % 4][(e + 1) / 4] * inv);
-      reinterpret_cast<uint4*>(out + 64 * blk)[0] = make_uint4(w[0], w[1], w[2], w[3]);
-      reinterpret_cast<uint4*>(out + 64 * blk)[1] = make_uint4(w[4], w[5], w[6], w[7]);
-    }
-  } else {
-    const int64_t slot = static_cast<int64_t>(b) * splits + split;
-    float* po = p.part_o + (slot * kHeads + i) * kVDim + wave * T::kVDimsPerWarp + 16 * j;
-#pragma unroll
-    for (int blk = 0; blk < 2; ++blk)
-#pragma unroll
-      for (int e = 0; e < 16; e += 4)
-        *reinterpret_cast<float4*>(po + 64 * blk + e) =
-            make_float4(o[blk][0][e / 4], o[blk][1][e / 4], o[blk][2][e / 4], o[blk][3][e / 4]);
-    if (wave == 0 && j == 0) p.part_ml[slot * kHeads + i] = split_state(m, l, seq.bad);
-  }
 }
 
 template <class T, class Shape>
