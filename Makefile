@@ -47,7 +47,7 @@ tune: build
 sanitize: build
 	$(PYTHON) bench/sanitize.py
 
-KV_FORMAT ?= fp8
+KV_FORMAT ?= fastest
 # The library a bundle embeds: CMake for NVIDIA and for AMD on a ROCm machine (hipcc
 # found); without ROCm, an AMD library comes from the sid chroot toolchain (lib-amd).
 LIB_TARGET := $(if $(filter gfx%,$(ARCH)),$(if $(shell command -v hipcc),build,lib-amd),build)

@@ -80,3 +80,24 @@ def test_q_checks():
         mlagen._check_q(q, "int8", None)
     with pytest.raises(mlagen.MlagenError, match="expected torch.bfloat16 for q_dtype='bf16'"):
         mlagen._check_q(q.float(), "bf16", None)
+
+
+def test_leaderboard_entry_fastest_picks_once_and_follows_the_data(monkeypatch):
+    """custom_kernel with "fastest": the arch's first format the data holds, re-chosen when a
+    later call's dict lacks it (the device call is stubbed: this checks the choice only)."""
+    monkeypatch.setattr(mlagen, "_build_arch", lambda: "sm90a")
+    seen = []
+    monkeypatch.setattr(mlagen, "_decode_cached", lambda *a: seen.append(a[5]) or "out")
+    entry = mlagen.leaderboard_entry()  # the default: fastest
+    data = _kv_data()
+    order = mlagen.FASTEST_ORDER["sm90a"]
+    assert entry((None, data, None, None, {})) == "out" and seen[-1] == order[0]
+    assert entry((None, data, None, None, {})) == "out" and seen[-1] == order[0]
+    data.pop(order[0])
+    entry((None, data, None, None, {}))
+    assert seen[-1] == order[1]
+    entry((None, _kv_data(), None, None, {}))  # the first choice is back
+    assert seen[-1] == order[0]
+    fixed = mlagen.leaderboard_entry("bf16")
+    fixed((None, _kv_data(), None, None, {}))
+    assert seen[-1] == "bf16"

@@ -89,7 +89,7 @@ def test_payload_is_the_library(bundle):
     unpacked = lzma.decompress(packed) if c["_COMPRESSION"] == "lzma" else zlib.decompress(packed)
     assert hashlib.sha256(unpacked).hexdigest() == hashlib.sha256(raw).hexdigest() == c["_LIB_SHA256"]
     assert unpacked == raw and c["_LIB_SIZE"] == len(raw)
-    assert c["_ARCH"] == _arch(lib) and c["_KV_FORMAT"] == "fp8"
+    assert c["_ARCH"] == _arch(lib) and c["_KV_FORMAT"] == "fastest"
 
 
 def test_embeds_the_current_binding(bundle):

@@ -291,7 +291,7 @@ def compress(raw: bytes, method: str) -> bytes:
     return zlib.compress(raw, 9)
 
 
-def build(lib_path: str, arch: str, kv_format: str = "fp8", compression: str = "lzma",
+def build(lib_path: str, arch: str, kv_format: str = "fastest", compression: str = "lzma",
           binding_dir: str = BINDING_DIR, check_lib: bool = True) -> str:
     """The text of the submission file."""
     with open(lib_path, "rb") as f:
@@ -329,8 +329,9 @@ def main(argv=None) -> int:
     ap.add_argument("--lib", required=True, help="the built libmlagen.so")
     ap.add_argument("--arch", required=True, help="the arch it was built for (checked against the library)")
     ap.add_argument("--out", required=True, help="the submission file to write")
-    ap.add_argument("--kv-format", default="fp8", choices=("fp8", "mxfp4", "bf16"),
-                    help="which kv_data entry custom_kernel passes to mlagen.decode (default fp8)")
+    ap.add_argument("--kv-format", default="fastest", choices=("fastest", "fp8", "mxfp4", "bf16"),
+                    help="which kv_data entry custom_kernel passes to mlagen.decode (default fastest: the "
+                         "first of mlagen.FASTEST_ORDER for the arch that the data holds)")
     ap.add_argument("--compression", default="lzma", choices=("lzma", "zlib"))
     ap.add_argument("--binding-dir", default=BINDING_DIR, help="the mlagen Python package to embed")
     ap.add_argument("--no-check-lib", action="store_true",
