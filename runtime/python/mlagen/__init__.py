@@ -46,7 +46,7 @@ def _get_raw_stream(device_index: int) -> int:
 
 # The KV formats decode() takes, and the order "fastest" tries them in per arch. sm90a:
 # measured on the H200 (bench/results/latest.json, docs/perf.md: geomean over the eight
-# shapes fp8 49.6 us, bf16 67.9 us, mxfp4 90.7 us; every format passes the leaderboard check
+# shapes fp8 49.6 us, bf16 67.8 us, mxfp4 84.2 us; every format passes the leaderboard check
 # with margin, tests/test_gpu_formats.py). AMD: the H200's order until measured on an
 # MI300X / MI355X (both AMD kernels dequantize mxfp4 in LDS like the H200's).
 KV_FORMATS = ("fp8", "bf16", "mxfp4")
