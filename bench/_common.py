@@ -197,7 +197,12 @@ def nonuniform_lengths(batch: int = 10, seed: int = 0, max_len: int = 3000) -> l
 
 
 def git_commit() -> dict:
-    """{'commit': sha or None, 'dirty': bool or None, 'source': 'git' | 'env' | None}."""
+    """{'commit': sha or None, 'dirty': bool or None, 'source': 'git' | 'env' | None}.
+    MLAGEN_COMMIT wins when set: .ci/gpu sets it from the `.commit` file the caller wrote,
+    because the device machine's copy of the tree can carry an older .git than its files."""
+    env = os.environ.get("MLAGEN_COMMIT")
+    if env and env != "unknown":
+        return {"commit": env, "dirty": None, "source": "env"}
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
                              timeout=10)
@@ -210,8 +215,7 @@ def git_commit() -> dict:
             return {"commit": sha.stdout.strip(), "dirty": dirty, "source": "git"}
     except (OSError, subprocess.SubprocessError):
         pass
-    env = os.environ.get("MLAGEN_COMMIT")
-    return {"commit": env or None, "dirty": None, "source": "env" if env else None}
+    return {"commit": None, "dirty": None, "source": None}
 
 
 def finite_or_none(x):
