@@ -251,8 +251,5 @@ __global__ void __launch_bounds__(kThreads) q_amax_kernel(const Params p) {
   }
 }
 
-// The per-tensor KV scale folded into S and O: fp8 only (mxfp4 scales are applied while
-// dequantizing, bf16 has none: null pointer). mla_combine_kernel reads it the same way.
-MLAGEN_DEVICE float kv_scale_of(const Params& p) { return p.kv_scale ? *p.kv_scale : 1.f; }
 
 }  // namespace mlagen::device

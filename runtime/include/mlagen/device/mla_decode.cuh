@@ -48,6 +48,15 @@ struct Tiling : TileGeometry<kBlockN_, kStages_, /*warps=*/4> {
   static_assert(kSmemBytes <= 227 * 1024, "shared memory over sm_90's 227 KB a block: fewer stages");
 };
 
+// The 4 lanes of a quad (same g) hold parts of rows g and g+8: after this each has the sum.
+MLAGEN_DEVICE void quad_sum(float (&v)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    v[r] += __shfl_xor(v[r], 1);
+    v[r] += __shfl_xor(v[r], 2);
+  }
+}
+
 // Sums the 4 warps' partial S tiles (same fragment layout in every warp), masks columns
 // past the sequence end and takes the online-softmax step (log2 domain). On return s holds
 // the unnormalized P, m / l are updated and alpha[r] rescales what row g + 8r accumulated.
@@ -226,11 +235,7 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
   }
   cp_async_wait<0>();
 
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor(l[r], 1);
-    l[r] += __shfl_xor(l[r], 2);
-  }
+  quad_sum(l);
 
   // Lane (g,t) holds, for rows g and g+8 and 32-dim group i, the 8 consecutive dims
   // warp*128 + 32i + 8t .. +7:  o[i][0..3][0], o[i][0..3][1]  (row g; [2],[3] for g+8).
@@ -424,11 +429,7 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
   }
   cp_async_wait<0>();
 
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor(l[r], 1);
-    l[r] += __shfl_xor(l[r], 2);
-  }
+  quad_sum(l);
 
   if (splits == 1) {
 #pragma unroll

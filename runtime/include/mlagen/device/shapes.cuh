@@ -63,6 +63,11 @@ MLAGEN_DEVICE uint32_t pack_bf16x2(float lo, float hi) {
 
 MLAGEN_DEVICE void flag_error(const Params& p, uint32_t code) { atomicOr(p.errors, code); }
 
+// The per-tensor KV scale the fp8 path folds into S and O (null for bf16 / mxfp4: mxfp4
+// scales are applied while dequantizing, bf16 has none). The decode and combine kernels
+// both read it here.
+MLAGEN_DEVICE float kv_scale_of(const Params& p) { return p.kv_scale ? *p.kv_scale : 1.f; }
+
 // A generated specialization: every sequence has kKvLen tokens, one query row each.
 template <int kBatch, int kKvLen, int kSplits>
 struct StaticShape {

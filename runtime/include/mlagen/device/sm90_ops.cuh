@@ -18,11 +18,11 @@ MLAGEN_DEVICE uint32_t smem_addr(const void* p) {
 
 // 16-byte global -> shared copy that bypasses L1; when !pred nothing is read and the
 // destination is zero-filled (src-size 0), so a short last tile holds zeros, not garbage.
-MLAGEN_DEVICE void cp_async_16(uint32_t dst, const void* src, bool pred) {
-  const int src_bytes = pred ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
-               : "memory");
+// cp.async of `bytes` (0..16) source bytes into a 16-byte destination, the rest zero-filled.
+MLAGEN_DEVICE void cp_async_16_partial(uint32_t dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
 }
+MLAGEN_DEVICE void cp_async_16(uint32_t dst, const void* src, bool pred) { cp_async_16_partial(dst, src, pred ? 16 : 0); }
 MLAGEN_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 MLAGEN_DEVICE void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
@@ -133,11 +133,6 @@ MLAGEN_DEVICE void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// cp.async of `bytes` (0..16) source bytes into a 16-byte destination, the rest zero-filled.
-MLAGEN_DEVICE void cp_async_16_partial(uint32_t dst, const void* src, int bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
 }
 
 // prmt.b32 in its default mode: a selector nibble 0-7 copies that byte of {y:x}; 8-15 fills
