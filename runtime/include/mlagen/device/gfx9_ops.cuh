@@ -91,27 +91,6 @@ MLAGEN_DEVICE f16x4 f32x4_to_f16x4(float a, float b, float c, float d) {
   return r;
 }
 
-// D += A B over k = 16: one v_mfma_f32_16x16x16_f16.
-MLAGEN_DEVICE void mfma_k16(f32x4& d, f16x4 a, f16x4 b) {
-#if defined(__HIP_DEVICE_COMPILE__)
-  d = __builtin_amdgcn_mfma_f32_16x16x16f16(a, b, d, 0, 0, 0);
-#endif
-}
-
-// D += A B over k = 32 given as two k = 16 halves (slot 8j+e, e < 4, is the low half's
-// slot 4j+e; e >= 4 the high half's 4j+e-4): one v_mfma_f32_16x16x32_f16 on gfx950,
-// two 16x16x16 on gfx942. Both sum the same 32 products.
-MLAGEN_DEVICE void mfma_k32(f32x4& d, f16x4 a_lo, f16x4 a_hi, f16x4 b_lo, f16x4 b_hi) {
-#if defined(__gfx950__)
-  const f16x8 a = {a_lo[0], a_lo[1], a_lo[2], a_lo[3], a_hi[0], a_hi[1], a_hi[2], a_hi[3]};
-  const f16x8 b = {b_lo[0], b_lo[1], b_lo[2], b_lo[3], b_hi[0], b_hi[1], b_hi[2], b_hi[3]};
-  d = __builtin_amdgcn_mfma_f32_16x16x32_f16(a, b, d, 0, 0, 0);
-#else
-  mfma_k16(d, a_lo, b_lo);
-  mfma_k16(d, a_hi, b_hi);
-#endif
-}
-
 // Two fp32 -> bf16x2 (lo in the low half), round to nearest even, NaN stays NaN: one
 // v_cvt_pk_bf16_f32 on gfx950, a few integer ops on gfx942 (the compiler's fptrunc).
 MLAGEN_DEVICE uint32_t pack_bf16x2_rn(float lo, float hi) {
@@ -127,25 +106,45 @@ MLAGEN_DEVICE bf16x4 f32x4_to_bf16x4(float a, float b, float c, float d) {
   return bf16x4_of(pack_bf16x2_rn(a, b), pack_bf16x2_rn(c, d));
 }
 
-// D += A B over k = 16, bf16 operands: one v_mfma_f32_16x16x16_bf16.
-MLAGEN_DEVICE void mfma_bf16_k16(f32x4& d, bf16x4 a, bf16x4 b) {
+// D += A B over k = 16, one MFMA per operand type (f16x4 and bf16x4 are distinct types):
+//   v_mfma_f32_16x16x16_f16 / v_mfma_f32_16x16x16_bf16.
+MLAGEN_DEVICE void mfma_k16(f32x4& d, f16x4 a, f16x4 b) {
+#if defined(__HIP_DEVICE_COMPILE__)
+  d = __builtin_amdgcn_mfma_f32_16x16x16f16(a, b, d, 0, 0, 0);
+#endif
+}
+MLAGEN_DEVICE void mfma_k16(f32x4& d, bf16x4 a, bf16x4 b) {
 #if defined(__HIP_DEVICE_COMPILE__)
   d = __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(a, b, d, 0, 0, 0);
 #endif
 }
 
-// D += A B over k = 32 given as two k = 16 halves, bf16 operands (slot 8j+e, e < 4, is the
-// low half's slot 4j+e; e >= 4 the high half's 4j+e-4): one v_mfma_f32_16x16x32_bf16 on
-// gfx950, two 16x16x16 on gfx942. Both sum the same 32 products.
-MLAGEN_DEVICE void mfma_bf16_k32(f32x4& d, bf16x4 a_lo, bf16x4 a_hi, bf16x4 b_lo, bf16x4 b_hi) {
 #if defined(__gfx950__)
+// gfx950's k = 32 MFMAs, operands given as two k = 16 halves.
+MLAGEN_DEVICE void mfma_k32_native(f32x4& d, f16x4 a_lo, f16x4 a_hi, f16x4 b_lo, f16x4 b_hi) {
+  const f16x8 a = __builtin_shufflevector(a_lo, a_hi, 0, 1, 2, 3, 4, 5, 6, 7);
+  const f16x8 b = __builtin_shufflevector(b_lo, b_hi, 0, 1, 2, 3, 4, 5, 6, 7);
+  d = __builtin_amdgcn_mfma_f32_16x16x32_f16(a, b, d, 0, 0, 0);
+}
+MLAGEN_DEVICE void mfma_k32_native(f32x4& d, bf16x4 a_lo, bf16x4 a_hi, bf16x4 b_lo, bf16x4 b_hi) {
   const bf16x8_bits a = __builtin_shufflevector(a_lo, a_hi, 0, 1, 2, 3, 4, 5, 6, 7);
   const bf16x8_bits b = __builtin_shufflevector(b_lo, b_hi, 0, 1, 2, 3, 4, 5, 6, 7);
   d = __builtin_amdgcn_mfma_f32_16x16x32_bf16(__builtin_bit_cast(bf16x8, a), __builtin_bit_cast(bf16x8, b), d, 0, 0,
                                               0);
+}
+#endif
+
+// D += A B over k = 32 given as two k = 16 halves (slot 8j+e, e < 4, is the low half's
+// slot 4j+e; e >= 4 the high half's 4j+e-4), f16 or bf16 operands: one
+// v_mfma_f32_16x16x32_{f16,bf16} on gfx950, two 16x16x16 on gfx942. Both sum the same 32
+// products.
+template <class V>
+MLAGEN_DEVICE void mfma_k32(f32x4& d, V a_lo, V a_hi, V b_lo, V b_hi) {
+#if defined(__gfx950__)
+  mfma_k32_native(d, a_lo, a_hi, b_lo, b_hi);
 #else
-  mfma_bf16_k16(d, a_lo, b_lo);
-  mfma_bf16_k16(d, a_hi, b_hi);
+  mfma_k16(d, a_lo, b_lo);
+  mfma_k16(d, a_hi, b_hi);
 #endif
 }
 

@@ -64,10 +64,10 @@ struct Tiling : TileGeometry<kBlockN_, kStages_, /*waves=*/4> {
 // ---- fp8 path ---------------------------------------------------------------------------
 // Sums the 4 waves' partial S^T tiles through LDS, masks tokens past `valid` and takes the
 // online-softmax step for head i (log2 domain). On return s holds the unnormalized P^T,
-// m / l are updated (l: this lane's share) and the returned factor rescales O.
+// m / l are updated (l: this lane's share) and O is rescaled to the new running max.
 template <class T>
-MLAGEN_DEVICE float softmax_tile(gfx9::f32x4 (&s)[T::kMTiles], gfx9::f32x4* red, int wave, int lane, int valid,
-                                 float s_scale, float& m, float& l) {
+MLAGEN_DEVICE void softmax_tile(gfx9::f32x4 (&s)[T::kMTiles], gfx9::f32x4* red, int wave, int lane, int valid,
+                                float s_scale, float& m, float& l, gfx9::f32x4 (&o)[2][4]) {
   constexpr int MT = T::kMTiles, W = MLAGEN_WARP_SIZE;
   const int j = lane >> 4;
 #pragma unroll
@@ -101,7 +101,10 @@ MLAGEN_DEVICE float softmax_tile(gfx9::f32x4 (&s)[T::kMTiles], gfx9::f32x4* red,
       lsum += s[mt][r];
     }
   l = l * alpha + lsum;
-  return alpha;
+#pragma unroll
+  for (int blk = 0; blk < 2; ++blk)
+#pragma unroll
+    for (int u = 0; u < 4; ++u) o[blk][u] *= alpha;
 }
 
 // Lane (i, j) holds head i, dims wave*128 + 64*blk + 16j + (4r + u) = o[blk][u][r]: the
@@ -219,11 +222,7 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
     }
 
     // ---- sum the 4 waves' partials, online softmax over tokens for head i ------------------
-    const float alpha = softmax_tile<T>(s, red, wave, lane, tok_end - (tok_begin + it * BN), s_scale, m, l);
-#pragma unroll
-    for (int blk = 0; blk < 2; ++blk)
-#pragma unroll
-      for (int u = 0; u < 4; ++u) o[blk][u] *= alpha;
+    softmax_tile<T>(s, red, wave, lane, tok_end - (tok_begin + it * BN), s_scale, m, l, o);
 
     // ---- O^T += V^T P^T over this wave's 128 dims, 32 tokens (two m16 tiles) a step ------
     // A = V^T: lane (i, j) reads 4 bytes (dims 4i..4i+3 of a 64-dim block) of tokens
@@ -387,19 +386,15 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
 #pragma unroll
       for (int c = 0; c < QP; ++c) {
         const uint4 k = *reinterpret_cast<const uint4*>(krow + 64 * c + 16 * j);
-        mfma_bf16_k32(s[mt], bf16x4_of(k.x, k.y), bf16x4_of(k.z, k.w), qf[2 * c], qf[2 * c + 1]);
+        mfma_k32(s[mt], bf16x4_of(k.x, k.y), bf16x4_of(k.z, k.w), qf[2 * c], qf[2 * c + 1]);
       }
       if constexpr (QC % 2) {
         const uint2 k = *reinterpret_cast<const uint2*>(krow + 64 * QP + 8 * j);
-        mfma_bf16_k16(s[mt], bf16x4_of(k.x, k.y), qf[QC - 1]);
+        mfma_k16(s[mt], bf16x4_of(k.x, k.y), qf[QC - 1]);
       }
     }
 
-    const float alpha = softmax_tile<T>(s, red, wave, lane, valid, s_scale, m, l);
-#pragma unroll
-    for (int blk = 0; blk < 2; ++blk)
-#pragma unroll
-      for (int u = 0; u < 4; ++u) o[blk][u] *= alpha;
+    softmax_tile<T>(s, red, wave, lane, valid, s_scale, m, l, o);
 
     // ---- O^T += V^T P^T over this wave's 128 dims, 32 tokens (two m16 tiles) a step ------
 #pragma unroll
@@ -419,7 +414,7 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
         transpose4x4_b16(wl, al);
         transpose4x4_b16(wh, ah);
 #pragma unroll
-        for (int u = 0; u < 4; ++u) mfma_bf16_k32(o[blk][u], al[u], ah[u], b_lo, b_hi);
+        for (int u = 0; u < 4; ++u) mfma_k32(o[blk][u], al[u], ah[u], b_lo, b_hi);
       }
     }
     if constexpr (!kMx) __syncthreads();  // bf16: every wave is done reading the tile
