@@ -68,6 +68,27 @@ def fp8_bytes(batch: int, kv_len: int) -> int:
     return batch * kv_len * QK_DIM + batch * NUM_HEADS * QK_DIM * 2 + batch * NUM_HEADS * V_DIM * 2
 
 
+def reference_as_seen(inp: dict, kv_format: str, q_dtype: str = "bf16"):
+    """float32 attention on the values a kernel of this KV format / q precision computes
+    with (the dequantized KV; an fp8 q per the task's recipe). Adds the mxfp4 entry to
+    inp["kv_data"] (quantized from inp["kv_bf16"]) when it is missing."""
+    import torch
+    from mlagen import quant
+    if kv_format == "mxfp4" and "mxfp4" not in inp["kv_data"]:
+        inp["kv_data"]["mxfp4"] = quant.quantize_mxfp4(inp["kv_bf16"])
+    if kv_format == "bf16":
+        kv_seen = inp["kv_bf16"]
+    elif kv_format == "mxfp4":
+        kv_seen = quant.dequantize_mxfp4(*inp["kv_data"]["mxfp4"], QK_DIM).reshape(-1, 1, QK_DIM)
+    else:
+        kv_seen = inp["kv_fp8"].float() * inp["scale"]
+    q_seen = inp["q"]
+    if q_dtype == "fp8":
+        q8, qs = quant.quantize_q_fp8(inp["q"])
+        q_seen = q8.float() * qs
+    return reference_fp8(dict(inp, q=q_seen, kv_fp8=kv_seen, scale=torch.ones(1, device=inp["q"].device)))
+
+
 def format_bytes(batch: int, kv_len: int, kv_format: str) -> int:
     """Bytes a decode must move with the given KV format: KV (fp8 576, bf16 1152, mxfp4
     288 + 18 scale bytes a token) + q + out."""

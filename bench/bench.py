@@ -326,23 +326,9 @@ def bench_shape(ctx, index: int, batch: int, kv_len: int) -> dict:
         cname = format_column(fmt, q_dtype)
         col = row.setdefault(cname, {})
         try:
-            from mlagen import quant
             errs = []
             for s in sets:
-                if fmt == "mxfp4" and "mxfp4" not in s["kv_data"]:
-                    s["kv_data"]["mxfp4"] = quant.quantize_mxfp4(s["kv_bf16"])
-                if fmt == "bf16":
-                    kv_seen = s["kv_bf16"]
-                elif fmt == "mxfp4":
-                    kv_seen = quant.dequantize_mxfp4(*s["kv_data"]["mxfp4"], 576).reshape(-1, 1, 576)
-                else:
-                    kv_seen = s["kv_fp8"].float() * s["scale"]
-                q_seen = s["q"]
-                if q_dtype == "fp8":
-                    q8, qs = quant.quantize_q_fp8(s["q"])
-                    q_seen = q8.float() * qs
-                ref32 = C.reference_fp8(dict(s, q=q_seen, kv_fp8=kv_seen, scale=torch.ones(1, device=ctx.device)))
-                del kv_seen
+                ref32 = C.reference_as_seen(s, fmt, q_dtype)
                 out = ctx.mlagen.decode(s["q"], s["kv_data"], s["qo_indptr"], s["kv_indptr"], s["config"],
                                         kv_format=fmt, q_dtype=q_dtype)
                 timer.sync()

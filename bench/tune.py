@@ -36,19 +36,8 @@ KV_FORMAT_OF = {"fp8e4m3fn": "fp8", "bf16": "bf16", "mxfp4": "mxfp4"}
 
 def format_inputs(inp: dict, kv_dtype: str, q_dtype: str):
     """(the decode kwargs for this (q, kv) pair, the float32 reference on the values it sees)."""
-    import torch
-    from mlagen import quant
     fmt = KV_FORMAT_OF[kv_dtype]
-    if fmt == "mxfp4" and "mxfp4" not in inp["kv_data"]:
-        inp["kv_data"]["mxfp4"] = quant.quantize_mxfp4(inp["kv_bf16"])
-    kv_seen = {"fp8": lambda: inp["kv_fp8"].float() * inp["scale"], "bf16": lambda: inp["kv_bf16"],
-               "mxfp4": lambda: quant.dequantize_mxfp4(*inp["kv_data"]["mxfp4"], 576).reshape(-1, 1, 576)}[fmt]()
-    q_seen = inp["q"]
-    if q_dtype == "fp8":
-        q8, qs = quant.quantize_q_fp8(inp["q"])
-        q_seen = q8.float() * qs
-    ref = C.reference_fp8(dict(inp, q=q_seen, kv_fp8=kv_seen, scale=torch.ones(1, device=inp["q"].device)))
-    return dict(kv_format=fmt, q_dtype=q_dtype), ref
+    return dict(kv_format=fmt, q_dtype=q_dtype), C.reference_as_seen(inp, fmt, q_dtype)
 
 
 def main(argv=None) -> int:

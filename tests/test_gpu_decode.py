@@ -119,15 +119,11 @@ def test_random_shapes(i):
     check_against_references(inp, out, seed)
 
 
-def _exact_inputs(kv_lens, seed):
-    return exact_inputs(kv_lens, seed)
-
-
 @pytest.mark.parametrize("lens,generic", [([1024] * 4, False), ([8192] * 4, False), ([64, 200, 1000], True)],
                          ids=["b4_kv1024", "b4_kv8192", "nonuniform"])
 def test_small_integers_match_exactly(lens, generic):
     seed = fresh_seed()
-    inp, expect = _exact_inputs(lens, seed)
+    inp, expect = exact_inputs(lens, seed)
     out, ran = run(inp)
     assert ran["generic"] == generic
     assert torch.equal(out, expect), f"seed {seed}: max diff {(out.float() - expect.float()).abs().max().item()}"
