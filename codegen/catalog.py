@@ -10,7 +10,7 @@ import os
 import re
 from typing import Iterable
 
-from .spec import ANY, ARCHS, IMPLEMENTED, TARGET_BLOCKS, KernelSpec, SpecError, default_tiles
+from .spec import ANY, ARCHS, IMPLEMENTED, KernelSpec, SpecError, default_tiles
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TUNING_FILE = os.path.join(HERE, "tuning.json")
@@ -30,7 +30,7 @@ GENERIC_DTYPES = {arch: tuple((q, kv) for kv in have["kv_dtype"] for q in have["
                   for arch, have in IMPLEMENTED.items()}
 # Tile choices built as generic kernels besides the default, so `make tune` can measure
 # them on any shape without regenerating: (block_n, stages) per (arch, kv dtype).
-TUNING_TILES = {("sm90a", "fp8e4m3fn"): ((32, 3), (32, 6), (64, 2), (64, 3)),
+TUNING_TILES = {("sm90a", "fp8e4m3fn"): ((32, 3), (32, 4), (64, 2)),
                 ("sm90a", "bf16"): ((32, 3), (64, 2)),
                 ("sm90a", "mxfp4"): ((32, 2), (32, 6), (64, 2))}
 
@@ -58,13 +58,15 @@ def load_tuning(path: str = TUNING_FILE) -> dict:
 def heuristic_params(arch: str, batch: int, kv_len: int, kv_dtype: str = "fp8e4m3fn") -> dict:
     """Splits that fill the GPU without letting the partial outputs (32 KB a split, about
     56 tokens of fp8 KV) rival the KV bytes: at least 256 tokens a split."""
-    return dict(splits=heuristic_splits(arch, batch, kv_len), **default_tiles(arch, kv_dtype))
+    tiles = default_tiles(arch, kv_dtype)
+    target = KernelSpec(arch=arch, batch=ANY, kv_len=ANY, splits=ANY, kv_dtype=kv_dtype, **tiles).target_blocks
+    return dict(splits=heuristic_splits(target, batch, kv_len), **tiles)
 
 
-def heuristic_splits(arch: str, batch: int, kv_len: int) -> int:
+def heuristic_splits(target_blocks: int, batch: int, kv_len: int) -> int:
     """The same rule as the runtime's generic_splits() (runtime/src/runtime.cpp): round
     half up, at least 1, at most one split per 256 tokens and 64 in all."""
-    splits = max(1, int(TARGET_BLOCKS[arch] / batch + 0.5))
+    splits = max(1, int(target_blocks / batch + 0.5))
     return min(splits, max(1, kv_len // 256), 64)
 
 

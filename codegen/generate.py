@@ -12,7 +12,7 @@ import os
 
 import jinja2
 
-from .spec import TARGET_BLOCKS, KernelSpec
+from .spec import KernelSpec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEMPLATES = os.path.join(ROOT, "templates")
@@ -71,8 +71,7 @@ def render(specs: list[KernelSpec]) -> dict[str, str]:
                                           kv_format=KV_FORMAT[s.kv_dtype], q_format=Q_FORMAT[s.q_dtype],
                                           spec_json=json.dumps(s.as_dict(), sort_keys=True))
     out["registry.inc"] = env.get_template("registry.inc.j2").render(
-        specs=specs, banner=banner, fingerprint=fp, guards=REGISTRY_GUARD, dtype_enum=DTYPE_ENUM,
-        target_blocks=TARGET_BLOCKS)
+        specs=specs, banner=banner, fingerprint=fp, guards=REGISTRY_GUARD, dtype_enum=DTYPE_ENUM)
     out["sources.cmake"] = env.get_template("sources.cmake.j2").render(
         specs=specs, banner=banner, fingerprint=fp, archs=sorted({s.arch for s in specs}))
     manifest = {"generated_by": BANNER, "fingerprint": fp, "kernels": [s.as_dict() for s in specs]}

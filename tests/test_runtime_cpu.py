@@ -76,7 +76,7 @@ def test_generic_splits_follow_the_generators_heuristic(L, batch, kv_len):
     """One rule, two places: the runtime's choice for the generic kernel and the split count
     the generator gives an untuned shape (codegen.catalog.heuristic_splits)."""
     got = _lib.select(Problem.make(batch, kv_len, force_generic=1))["splits"]
-    assert got == catalog.heuristic_splits("sm90a", batch, kv_len)
+    assert got == catalog.heuristic_params("sm90a", batch, kv_len, "fp8e4m3fn")["splits"]
 
 
 def test_workspace_size(L):

@@ -21,13 +21,6 @@ namespace mlagen {
 namespace {
 thread_local char g_error[1024] = "";
 
-// Resident blocks the split heuristic aims for: the generated kArchTargets table.
-int target_blocks(const char* arch) {
-  for (const auto& t : kArchTargets)
-    if (!std::strcmp(t.arch, arch)) return t.target_blocks;
-  return 256;
-}
-
 const char* dtype_name(int32_t d) {
   switch (d) {
     case MLAGEN_DTYPE_BF16: return "bf16";
@@ -140,11 +133,13 @@ const KernelEntry* find_generic(int32_t q_dtype, int32_t kv_dtype) {
   return nullptr;
 }
 
-int generic_splits(const mlagen_problem* p) {
+// Splits for a kernel that takes them at run time; e.target_blocks is the generated
+// resident-block count of its tiling (codegen/spec.py KernelSpec.target_blocks).
+int generic_splits(const mlagen_problem* p, const KernelEntry& e) {
   if (p->splits > 0) return p->splits;
   const int64_t avg = p->total_kv / p->batch;
   // Same rule as the generator's catalog.heuristic_splits(): round half up.
-  int s = static_cast<int>(static_cast<double>(target_blocks(MLAGEN_BUILD_ARCH)) / p->batch + 0.5);
+  int s = static_cast<int>(static_cast<double>(e.target_blocks) / p->batch + 0.5);
   s = std::max(1, std::min<int>(s, static_cast<int>(std::max<int64_t>(1, avg / 256))));
   return std::min(s, 64);
 }
@@ -164,7 +159,7 @@ mlagen_status choose(const mlagen_problem* p, const KernelEntry** entry, int* sp
         return fail(MLAGEN_ERR_INVALID, "kernel_name=%s: serves batch=%d kv_len=%d only, the problem has batch=%d kv_len=%d",
                     e.name, e.batch, e.kv_len, p->batch, p->kv_len);
       *entry = &e;
-      *splits = e.role == 0 ? e.splits : generic_splits(p);
+      *splits = e.role == 0 ? e.splits : generic_splits(p, e);
       return MLAGEN_OK;
     }
     return fail(MLAGEN_ERR_UNSUPPORTED, "kernel_name=%s: no such kernel in this build (%d kernels; mlagen_kernel_at lists them)",
@@ -190,7 +185,7 @@ mlagen_status choose(const mlagen_problem* p, const KernelEntry** entry, int* sp
                 MLAGEN_BUILD_ARCH, p->batch, p->kv_len, dtype_name(p->q_dtype), dtype_name(p->kv_dtype),
                 p->num_heads, p->q_len, dtype_name(p->q_dtype), dtype_name(p->kv_dtype));
   *entry = g;
-  *splits = generic_splits(p);
+  *splits = generic_splits(p, *g);
   return MLAGEN_OK;
 }
 

@@ -16,6 +16,7 @@ struct KernelEntry {
   int32_t num_heads, q_len;
   int32_t block_n, stages;
   int32_t role;  // 0 specialized, 1 generic, 2 tuning candidate (reachable by name only)
+  int32_t target_blocks;  // resident blocks the split heuristic aims for (SMs x blocks an SM)
   LaunchFn fn;
   const char* name;
 };

@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(128) mla_combine_kernel(const Params p) {
       acc.x += w * v.x; acc.y += w * v.y; acc.z += w * v.z; acc.w += w * v.w;
     }
   }
-  const float o_scale = T::kWide ? 1.f : kv_scale_of(p) * kVDecodeScale;
+  const float o_scale = T::kWide ? 1.f : kv_scale_of(p) * T::kVUnit;
   const float inv = lsum != lsum ? lsum : (lsum > 0.f ? o_scale / lsum : 0.f);  // NaN stays NaN
   uint2 v;
   v.x = pack_bf16x2(acc.x * inv, acc.y * inv);

@@ -33,6 +33,7 @@ struct Tiling : TileGeometry<kBlockN_, kStages_, /*waves=*/4> {
   static constexpr KvFormat kKv = kKv_;
   static constexpr QFormat kQ = kQ_;
   static constexpr bool kWide = KvTraits<kKv>::kWide;
+  static constexpr float kVUnit = kWide ? 1.f : kVDecodeScale;  // the combine's partial-O unit
   static constexpr bool kMx = kKv == KvFormat::kMxfp4;
   // fp8 path: rows of 576 bytes (+16 pad, G::kRowBytes). Wide path: bf16 rows of 1152 bytes
   // + 16 pad (73 x 16 bytes; 1168 = 16 mod 128, with 32 banks of 4 bytes): the 8 rows that

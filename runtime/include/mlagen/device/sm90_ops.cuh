@@ -174,4 +174,106 @@ MLAGEN_DEVICE float fast_exp2(float x) {
 MLAGEN_DEVICE void allow_dependent_launch() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 MLAGEN_DEVICE void wait_for_prior_grid() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 
+
+// ---- Warpgroup MMA (sm_90a only) ---------------------------------------------------------
+// wgmma runs on a warpgroup (4 warps, 128 threads); every call below must be reached by
+// all 128 threads together. Operands in shared memory are described by a 64-bit matrix
+// descriptor; this code uses the no-swizzle ("interleaved") K-major layout only:
+//   a core matrix is 8 rows x 16 bytes, stored as 128 contiguous bytes (row r at 16 r);
+//   LBO = bytes between core matrices that are neighbours along K,
+//   SBO = bytes between core matrices that are neighbours along M (A) / N (B).
+// Accumulator fragment of m64nN (f32), warp w of the warpgroup, g = lane/4, t = lane%4:
+//   d[4j + 2r + e] = D[16w + g + 8r][8j + 2t + e]      (j < N/8, r, e in {0, 1})
+// Register A fragment of m64nNk32 (8-bit types): a[2v + r] holds the 4 bytes
+//   A[16w + g + 8r][16v + 4t .. 16v + 4t + 3]           (v, r in {0, 1}; byte i = k + i)
+MLAGEN_DEVICE uint64_t wgmma_desc(uint32_t smem_addr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((smem_addr & 0x3FFFFu) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
+         (static_cast<uint64_t>(sbo >> 4) << 32);
+}
+// The descriptor of the same matrix `bytes` further on (start address field; no carry:
+// shared addresses are below 256 KB).
+MLAGEN_DEVICE uint64_t wgmma_desc_advance(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
+
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MLAGEN_WGMMA_UNAVAILABLE 1  // wgmma needs sm_90a: the calls below trap elsewhere
+#endif
+
+MLAGEN_DEVICE void wgmma_fence() {
+#if !defined(MLAGEN_WGMMA_UNAVAILABLE)
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+MLAGEN_DEVICE void wgmma_commit() {
+#if !defined(MLAGEN_WGMMA_UNAVAILABLE)
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int N>
+MLAGEN_DEVICE void wgmma_wait() {
+#if !defined(MLAGEN_WGMMA_UNAVAILABLE)
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+// Makes generic-proxy writes to shared memory (st.shared, cp.async) visible to the async
+// proxy that wgmma reads operands through; then a barrier orders them for the other threads.
+MLAGEN_DEVICE void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Keeps the compiler from moving accumulator reads / writes across the wgmma calls.
+template <int N>
+MLAGEN_DEVICE void wgmma_fence_regs(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+#define MLAGEN_WGMMA_D16 \
+  "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}"
+#define MLAGEN_WGMMA_D16_OUT(d)                                                                              \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
+      "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+
+// D(64x32, f32) (+)= A(64x32, e4m3, shared, K-major) * B(32x32, e4m3, shared, K-major)^T;
+// accumulate = 0 overwrites D.
+MLAGEN_DEVICE void wgmma_m64n32k32_e4m3_ss(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+#if defined(MLAGEN_WGMMA_UNAVAILABLE)
+  __trap();
+#else
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 " MLAGEN_WGMMA_D16 ", %16, %17, p, 1, 1;\n}\n"
+      : MLAGEN_WGMMA_D16_OUT(d)
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+#endif
+}
+// D(64x32, f32) += A(64x32, e4m3, registers: the fragment above) * B(32x32, e4m3, shared, K-major)^T.
+MLAGEN_DEVICE void wgmma_m64n32k32_e4m3_rs(float (&d)[16], const uint32_t (&a)[4], uint64_t desc_b) {
+#if defined(MLAGEN_WGMMA_UNAVAILABLE)
+  __trap();
+#else
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 " MLAGEN_WGMMA_D16
+      ", {%16,%17,%18,%19}, %20, 1, 1, 1;\n"
+      : MLAGEN_WGMMA_D16_OUT(d)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+#endif
+}
+
+// fp32 -> e4m3 (round to nearest even, saturating to +-448): four values -> bytes [x y z w].
+MLAGEN_DEVICE uint32_t pack_e4m3x4(float x, float y, float z, float w) {
+  uint16_t lo, hi;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(lo) : "f"(y), "f"(x));
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(hi) : "f"(w), "f"(z));
+  return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+}
+MLAGEN_DEVICE uint16_t pack_e4m3x2(float x, float y) {
+  uint16_t v;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(v) : "f"(y), "f"(x));
+  return v;
+}
+// Two e4m3 bytes (x in the low byte) -> fp32, exact.
+MLAGEN_DEVICE float2 e4m3x2_to_float2(uint16_t v) {
+  const uint32_t h = e4m3x2_f2fp(v);
+  return __half22float2(*reinterpret_cast<const __half2*>(&h));
+}
+MLAGEN_DEVICE void sts8(uint32_t addr, uint32_t v) { asm volatile("st.shared.u8 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory"); }
+MLAGEN_DEVICE void sts32(uint32_t addr, uint32_t v) { asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory"); }
+
 }  // namespace mlagen::device::sm90

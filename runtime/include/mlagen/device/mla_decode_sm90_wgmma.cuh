@@ -1,0 +1,340 @@
+// MLA decode, fp8 KV on sm_90a: the warpgroup (wgmma) kernel.
+//
+// Why a second NVIDIA body (docs/perf.md): mma.sync has no native fp8 on Hopper, so the
+// mma.sync kernel decodes every KV byte to f16 and tops out near 2/3 of the copy
+// bandwidth. Here the fp8 bytes go to the tensor cores as stored:
+//
+//   S^T = K Qhl^T   wgmma m64n32k32 e4m3, both operands in shared memory: A = the KV tile
+//                   (tokens x 576 dims, the rows as cp.async landed them), B = the query
+//                   split into two e4m3 parts per head (q*c = hi + lo/16, c a per-head power
+//                   of two), so N = 16 hi + 16 lo columns and S = hi + lo/16, ~8 significant
+//                   bits of q (bf16 has 8).
+//   O^T += V^T Phl^T  wgmma m64n32k32 e4m3, A = V^T from registers (4 bytes of 4 tokens
+//                   transposed with prmt: V is read from the same tile, no copy), B = P^T
+//                   split into hi / lo e4m3 the same way (P*256 = hi + lo/16).
+//
+// Block = 2 warpgroups, tiles of 128 tokens: warpgroup w computes S for tokens
+// [64w, 64w+64) and O for dims [256w, 256w+256) (4 m64 blocks) over all 128 tokens, so the
+// softmax of a tile meets in shared memory (per-head maxima, then P) with two barriers.
+// KV: a 2-stage cp.async ring, one block per SM (192 KB of shared memory).
+#pragma once
+#include "mlagen/device/formats.cuh"
+
+#if defined(MLAGEN_NVIDIA)
+namespace mlagen::device {
+
+struct WgLayout {
+  static constexpr int kBlockN = 128;  // tokens a tile
+  static constexpr int kStages = 2;
+  static constexpr int kThreads = 256;  // 2 warpgroups
+  static constexpr int kChunksPerRow = kQkDim / 16;                          // 36
+  static constexpr int kCopiesPerThread = kBlockN * kChunksPerRow / kThreads;  // 18
+  // KV stage, K-major core matrices (8 tokens x 16 bytes, 128 contiguous bytes). The
+  // strides are padded from (128, 36 x 128) so that building V^T fragments (lane (g, t)
+  // reads 4 bytes at dim 4g of token 4t + i) hits 32 distinct banks: a chunk column moves
+  // 4 banks (144 = 36 words), a row group 8 banks (5280 = 1320 words).
+  static constexpr int kKvLbo = 144;
+  static constexpr int kKvSbo = 5280;
+  static constexpr int kStageBytes = kBlockN / 8 * kKvSbo;  // 84480
+  // Q hi / lo: 32 rows (16 hi, 16 lo) x 576 bytes; P^T hi / lo: 32 rows x 128 tokens.
+  static constexpr int kQLbo = 128, kQSbo = kChunksPerRow * 128, kQBytes = 4 * kQSbo;
+  static constexpr int kPLbo = 128, kPSbo = kBlockN / 16 * 128, kPBytes = 4 * kPSbo;
+  static constexpr int kQOffset = kStages * kStageBytes;
+  static constexpr int kPOffset = kQOffset + kQBytes;
+  static constexpr int kRedOffset = kPOffset + kPBytes;   // [8 warps][16 heads] x2 floats
+  static constexpr int kColOffset = kRedOffset + 2 * 8 * kHeads * 4;  // [2][16] column scales
+  static constexpr int kSmemBytes = kColOffset + 2 * kHeads * 4;
+  static_assert(kKvSbo >= kChunksPerRow * kKvLbo, "a row group holds 36 chunk columns");
+  static_assert(kSmemBytes <= 227 * 1024, "one block an SM");
+
+  MLAGEN_DEVICE static uint32_t kv_at(int token, int byte) {
+    return (token / 8) * kKvSbo + (byte / 16) * kKvLbo + (token % 8) * 16 + byte % 16;
+  }
+  MLAGEN_DEVICE static uint32_t q_at(int row, int byte) {
+    return (row / 8) * kQSbo + (byte / 16) * kQLbo + (row % 8) * 16 + byte % 16;
+  }
+  MLAGEN_DEVICE static uint32_t p_at(int row, int token) {
+    return (row / 8) * kPSbo + (token / 16) * kPLbo + (row % 8) * 16 + token % 16;
+  }
+};
+
+// Bytes [b0 b1 b2 b3] of w[0..3] -> out[j] = (w[0].bj, w[1].bj, w[2].bj, w[3].bj).
+MLAGEN_DEVICE void transpose_bytes_4x4(const uint32_t (&w)[4], uint32_t (&out)[4]) {
+  const uint32_t a_lo = __byte_perm(w[0], w[1], 0x5140), a_hi = __byte_perm(w[0], w[1], 0x7362);
+  const uint32_t b_lo = __byte_perm(w[2], w[3], 0x5140), b_hi = __byte_perm(w[2], w[3], 0x7362);
+  out[0] = __byte_perm(a_lo, b_lo, 0x5410);
+  out[1] = __byte_perm(a_lo, b_lo, 0x7632);
+  out[2] = __byte_perm(a_hi, b_hi, 0x5410);
+  out[3] = __byte_perm(a_hi, b_hi, 0x7632);
+}
+
+template <int N>
+MLAGEN_DEVICE void fence_regs_u32(uint32_t (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+
+// x (>= 0 or any sign) -> e4m3 hi and lo with x ~ hi + lo / 16 (two values at once: the
+// bytes of each result are (x0, x1)).
+MLAGEN_DEVICE void split_e4m3(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  const uint16_t h = pack_e4m3x2(x0, x1);
+  const float2 hf = e4m3x2_to_float2(h);
+  hi = h;
+  lo = pack_e4m3x2((x0 - hf.x) * 16.f, (x1 - hf.y) * 16.f);
+}
+
+template <class T, class Shape>
+MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
+  using namespace sm90;
+  using L = WgLayout;
+  constexpr int BN = L::kBlockN;
+  static_assert(MLAGEN_WARP_SIZE == 32, "wgmma fragments are defined for 32-lane warps");
+  const uint32_t s_base = smem_addr(smem);
+  const uint32_t s_q = s_base + L::kQOffset, s_p = s_base + L::kPOffset;
+  float* red_max = reinterpret_cast<float*>(smem + L::kRedOffset);  // [warp][head]
+  float* red_sum = red_max + 8 * kHeads;
+  float* col_scale = reinterpret_cast<float*>(smem + L::kColOffset);  // [hi | lo][head]
+
+  const int tid = threadIdx.x, wg = tid / 128, warp = tid / 32, w = warp % 4, lane = tid % 32;
+  const int g = lane >> 2, t = lane & 3;
+  const int b = blockIdx.y, split = blockIdx.x;
+  allow_dependent_launch();
+  const int splits = Shape::splits(p);
+  const Sequence seq = Shape::sequence(p, b);
+  const SplitRange range = split_range(seq.len, split, splits, BN);
+  const int ntiles = range.ntiles, tok_begin = range.tok_begin, tok_end = range.tok_end;
+  const uint8_t* kv = p.kv + seq.kv_begin * p.kv_stride_bytes;
+  const float kv_scale = kv_scale_of(p);
+
+  auto issue_tile = [&](int tile, int stage) {
+    const int tok0 = tok_begin + tile * BN;
+    const uint32_t dst = s_base + stage * L::kStageBytes;
+#pragma unroll 2
+    for (int i = 0; i < L::kCopiesPerThread; ++i) {
+      const int idx = tid + i * L::kThreads;
+      const int row = idx / L::kChunksPerRow, col = idx % L::kChunksPerRow;
+      const bool ok = tok0 + row < tok_end;
+      const uint8_t* src = kv + static_cast<int64_t>(ok ? tok0 + row : tok_begin) * p.kv_stride_bytes + col * 16;
+      cp_async_16(dst + L::kv_at(row, col * 16), src, ok);
+    }
+  };
+  if (ntiles > 0) issue_tile(0, 0);
+  cp_async_commit();
+
+  // ---- Q hi / lo, once: thread -> head tid / 16, dims 36 (tid % 16) .. +35 ------------------
+  const QQuant qq = q_setup<T::kQ>(p);
+  {
+    const int h = tid / 16, part = tid % 16;
+    float4 v[9];
+    float amax = 0.f;
+#pragma unroll
+    for (int i = 0; i < 9; ++i) {
+      v[i] = load_q4<T::kQ>(p, qq, seq.q_row, h, 36 * part + 4 * i);
+      amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[i].x), fabsf(v[i].y)), fmaxf(fabsf(v[i].z), fabsf(v[i].w))));
+    }
+#pragma unroll
+    for (int o = 8; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor(amax, o));
+    // c = 2^(7 - floor(log2 amax)): the head's largest |q| * c lies in [128, 256), under 448
+    const int e = amax > 0.f ? static_cast<int>((__float_as_uint(amax) >> 23) & 0xffu) - 127 : 0;
+    const int k = min(127, max(-126, 7 - e));
+    const float c = pow2i(k);
+#pragma unroll
+    for (int i = 0; i < 9; ++i) {
+      uint32_t hi01, lo01, hi23, lo23;
+      split_e4m3(v[i].x * c, v[i].y * c, hi01, lo01);
+      split_e4m3(v[i].z * c, v[i].w * c, hi23, lo23);
+      const int d = 36 * part + 4 * i;
+      sts32(s_q + L::q_at(h, d), hi01 | (hi23 << 16));
+      sts32(s_q + L::q_at(kHeads + h, d), lo01 | (lo23 << 16));
+    }
+    if (part == 0) {
+      col_scale[h] = pow2i(-k);                    // S = (hi column) / c ...
+      col_scale[kHeads + h] = pow2i(-k) * 0.0625f;  // ... + (lo column) / (16 c)
+    }
+  }
+  fence_proxy_async_smem();
+  __syncthreads();
+
+  // This thread's heads (columns of S^T and O^T): slot k -> head 8 (k / 2) + 2t + k % 2.
+  const float s_scale = kv_scale * qq.scale * p.sm_scale * kLog2e;  // log2 domain
+  int head[4];
+  float cs_hi[4], cs_lo[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    head[k] = 8 * (k / 2) + 2 * t + (k % 2);
+    cs_hi[k] = col_scale[head[k]] * s_scale;
+    cs_lo[k] = col_scale[kHeads + head[k]] * s_scale;
+  }
+
+  float o[4][16];  // O^T of m64 block mb (see the epilogue for its dims); columns hi | lo
+#pragma unroll
+  for (int mb = 0; mb < 4; ++mb)
+#pragma unroll
+    for (int i = 0; i < 16; ++i) o[mb][i] = 0.f;
+  float m[4], l[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) m[k] = -INFINITY, l[k] = 0.f;
+
+  const uint64_t q_desc = wgmma_desc(s_q, L::kQLbo, L::kQSbo);
+  const uint64_t p_desc = wgmma_desc(s_p, L::kPLbo, L::kPSbo);
+  const int row0 = wg * 64 + 16 * w + g;  // tile token of accumulator row g (row g + 8: +8)
+
+  for (int it = 0; it < ntiles; ++it) {
+    cp_async_wait<0>();
+    fence_proxy_async_smem();
+    __syncthreads();  // tile `it` landed for all; P and the maxima of tile it-1 are consumed
+    if (it + 1 < ntiles) issue_tile(it + 1, (it + 1) % L::kStages);
+    cp_async_commit();
+    const uint32_t stage = s_base + (it % L::kStages) * L::kStageBytes;
+
+    // ---- S^T for this warpgroup's 64 tokens: 18 k-steps of 32 dims ---------------------
+    float s[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) s[i] = 0.f;
+    const uint64_t k_desc = wgmma_desc(stage + wg * 8 * L::kKvSbo, L::kKvLbo, L::kKvSbo);
+    wgmma_fence_regs(s);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < L::kChunksPerRow / 2; ++ks)
+      wgmma_m64n32k32_e4m3_ss(s, wgmma_desc_advance(k_desc, 2 * ks * L::kKvLbo),
+                              wgmma_desc_advance(q_desc, 2 * ks * L::kQLbo), ks > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_regs(s);
+
+    // ---- softmax: per-head tile maxima meet in shared memory ---------------------------
+    const int valid = tok_end - (tok_begin + it * BN);
+    float sv[2][4], mx[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int jh = k / 2, e = k % 2;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float x = s[4 * jh + 2 * r + e] * cs_hi[k] + s[4 * (jh + 2) + 2 * r + e] * cs_lo[k];
+        sv[r][k] = row0 + 8 * r < valid ? x : -INFINITY;
+      }
+      mx[k] = fmaxf(sv[0][k], sv[1][k]);
+#pragma unroll
+      for (int o2 = 4; o2 < 32; o2 *= 2) mx[k] = fmaxf(mx[k], __shfl_xor(mx[k], o2));
+    }
+    if (g == 0)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) red_max[warp * kHeads + head[k]] = mx[k];
+    __syncthreads();
+    float alpha[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      float tm = red_max[head[k]];
+#pragma unroll
+      for (int ww = 1; ww < 8; ++ww) tm = fmaxf(tm, red_max[ww * kHeads + head[k]]);
+      alpha[k] = online_max_update(m[k], tm);
+    }
+    // P = 2^(S - m), x256 (p in [2^-14, 1] stays a normal e4m3), as hi / lo columns of P^T
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float p0 = fast_exp2(sv[0][k] - m[k]), p1 = fast_exp2(sv[1][k] - m[k]);
+      l[k] = l[k] * alpha[k] + (p0 + p1);
+      uint32_t hi, lo;
+      split_e4m3(p0 * 256.f, p1 * 256.f, hi, lo);
+      sts8(s_p + L::p_at(head[k], row0), hi & 0xffu);
+      sts8(s_p + L::p_at(head[k], row0 + 8), hi >> 8);
+      sts8(s_p + L::p_at(kHeads + head[k], row0), lo & 0xffu);
+      sts8(s_p + L::p_at(kHeads + head[k], row0 + 8), lo >> 8);
+    }
+#pragma unroll
+    for (int mb = 0; mb < 4; ++mb)
+#pragma unroll
+      for (int i = 0; i < 16; ++i) o[mb][i] *= alpha[2 * ((i / 4) % 2) + (i % 2)];
+
+    // ---- V^T fragments: lane (g, t) of warp w holds, for m64 blocks 2q and 2q+1, the dims
+    // dim0 = 256 wg + 128 q + 32 w + 4 g + {0, 1 | 2, 3} (rows g, g+8 of each block) of
+    // tokens 32 ks + 16 v + 4t .. +3: four 4-byte loads, one 4x4 byte transpose.
+    uint32_t a[4][4][4];  // [k-step][m64 block][register]
+#pragma unroll
+    for (int ks = 0; ks < BN / 32; ++ks)
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const int dim0 = 256 * wg + 128 * q + 32 * w + 4 * g;
+#pragma unroll
+        for (int v = 0; v < 2; ++v) {
+          uint32_t wv[4], tr[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) wv[i] = lds32(stage + L::kv_at(32 * ks + 16 * v + 4 * t + i, dim0));
+          transpose_bytes_4x4(wv, tr);
+          a[ks][2 * q][2 * v] = tr[0];
+          a[ks][2 * q][2 * v + 1] = tr[1];
+          a[ks][2 * q + 1][2 * v] = tr[2];
+          a[ks][2 * q + 1][2 * v + 1] = tr[3];
+        }
+      }
+    fence_proxy_async_smem();
+    __syncthreads();  // P complete
+
+    // ---- O^T += V^T P^T: 4 k-steps of 32 tokens x 4 m64 blocks ---------------------------
+#pragma unroll
+    for (int mb = 0; mb < 4; ++mb) wgmma_fence_regs(o[mb]);
+#pragma unroll
+    for (int ks = 0; ks < BN / 32; ++ks)
+#pragma unroll
+      for (int mb = 0; mb < 4; ++mb) fence_regs_u32(a[ks][mb]);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < BN / 32; ++ks)
+#pragma unroll
+      for (int mb = 0; mb < 4; ++mb)
+        wgmma_m64n32k32_e4m3_rs(o[mb], a[ks][mb], wgmma_desc_advance(p_desc, 2 * ks * L::kPLbo));
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int mb = 0; mb < 4; ++mb) wgmma_fence_regs(o[mb]);
+  }
+  cp_async_wait<0>();
+
+  // ---- epilogue: l over the 8 row lanes and the 8 warps -----------------------------------
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+#pragma unroll
+    for (int o2 = 4; o2 < 32; o2 *= 2) l[k] += __shfl_xor(l[k], o2);
+  if (g == 0)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) red_sum[warp * kHeads + head[k]] = l[k];
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    float sum = 0.f;
+#pragma unroll
+    for (int ww = 0; ww < 8; ++ww) sum += red_sum[ww * kHeads + head[k]];
+    l[k] = sum;
+  }
+
+  // O[head][dim]: head slot k, m64 block mb, row r -> dim 256 wg + 128 (mb / 2) + 32 w + 4 g
+  // + 2 (mb % 2) + r: four consecutive dims per (k, mb / 2). Columns: hi + lo / 16, / 256.
+  const float o_unit = 1.f / 256.f;
+  const int64_t slot = static_cast<int64_t>(b) * splits + split;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int jh = k / 2, e = k % 2;
+    const float inv = splits == 1 ? out_scale(l[k], kv_scale, seq.bad) * o_unit : o_unit;
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      float ov[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int mb = 2 * q + i / 2, r = i % 2;
+        ov[i] = (o[mb][4 * jh + 2 * r + e] + o[mb][4 * (jh + 2) + 2 * r + e] * 0.0625f) * inv;
+      }
+      const int dim0 = 256 * wg + 128 * q + 32 * w + 4 * g;
+      if (splits == 1) {
+        uint16_t* out = p.out + seq.q_row * p.out_stride_token + head[k] * p.out_stride_head + dim0;
+        *reinterpret_cast<uint2*>(out) = make_uint2(pack_bf16x2(ov[0], ov[1]), pack_bf16x2(ov[2], ov[3]));
+      } else {
+        float* po = p.part_o + (slot * kHeads + head[k]) * kVDim + dim0;
+        *reinterpret_cast<float4*>(po) = make_float4(ov[0], ov[1], ov[2], ov[3]);
+      }
+    }
+    if (splits > 1 && warp == 0 && g == 0) p.part_ml[slot * kHeads + head[k]] = split_state(m[k], l[k], seq.bad);
+  }
+}
+
+}  // namespace mlagen::device
+#endif  // MLAGEN_NVIDIA
