@@ -70,6 +70,11 @@ def heuristic_splits(target_blocks: int, batch: int, kv_len: int) -> int:
     return min(splits, max(1, kv_len // 256), 64)
 
 
+def generic_spec(arch: str, q_dtype: str, kv_dtype: str) -> KernelSpec:
+    """The generic kernel of a dtype pair (default tiles): what the runtime falls back to."""
+    return KernelSpec(arch, ANY, ANY, ANY, q_dtype, kv_dtype, **default_tiles(arch, kv_dtype))
+
+
 def params_for(arch: str, batch: int, kv_len: int, q_dtype: str, kv_dtype: str, tuning: dict) -> dict:
     table = tuning.get(arch, {})
     shape = f"{batch}x{kv_len}"
@@ -98,7 +103,7 @@ def build_catalog(shapes: Iterable[tuple[int, int]] | None = None,
             raise SpecError(f"arch {arch!r}: expected one of {sorted(ARCHS)}")
         specialized = (dtypes or DEFAULT_DTYPES)[arch]
         for q_dtype, kv_dtype in dict.fromkeys(specialized + GENERIC_DTYPES.get(arch, ())):
-            specs.append(KernelSpec(arch, ANY, ANY, ANY, q_dtype, kv_dtype, **default_tiles(arch, kv_dtype)))
+            specs.append(generic_spec(arch, q_dtype, kv_dtype))
             if q_dtype == "bf16":  # tile candidates: the q format does not change the tiling
                 for block_n, stages in TUNING_TILES.get((arch, kv_dtype), ()):
                     specs.append(KernelSpec(arch, ANY, ANY, ANY, q_dtype, kv_dtype, block_n=block_n, stages=stages))

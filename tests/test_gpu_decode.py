@@ -15,10 +15,11 @@ import mlagen  # noqa: E402
 
 from reference import attention, dequant_fp8, exact_inputs, make_inputs, rel_l2  # noqa: E402
 from tolerances import TOLERANCES  # noqa: E402
+from codegen import catalog  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.gpu
-GENERIC = "mla_decode_sm90a_bany_kvany_sany_qbf16_kvfp8e4m3fn"
+GENERIC = catalog.generic_spec("sm90a", "bf16", "fp8e4m3fn").name
 LEADERBOARD = [(4, 1024), (4, 8192), (32, 1024), (32, 8192), (64, 1024), (64, 8192), (256, 1024), (256, 8192)]
 
 

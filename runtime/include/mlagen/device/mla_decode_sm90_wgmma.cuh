@@ -16,7 +16,7 @@
 // Block = 2 warpgroups, tiles of 128 tokens: warpgroup w computes S for tokens
 // [64w, 64w+64) and O for dims [256w, 256w+256) (4 m64 blocks) over all 128 tokens, so the
 // softmax of a tile meets in shared memory (per-head maxima, then P) with two barriers.
-// KV: a 2-stage cp.async ring, one block per SM (192 KB of shared memory).
+// KV: a cp.async ring of five 64-token halves, one block per SM (208 KB of shared memory).
 #pragma once
 #include "mlagen/device/formats.cuh"
 
@@ -24,27 +24,29 @@
 namespace mlagen::device {
 
 struct WgLayout {
-  static constexpr int kBlockN = 128;  // tokens a tile
-  static constexpr int kStages = 2;
+  static constexpr int kBlockN = 128;  // tokens a tile: 64 per warpgroup for S
+  static constexpr int kStages = 2;    // the spec's name for this tiling (block_n 128, stages 2)
   static constexpr int kThreads = 256;  // 2 warpgroups
-  static constexpr int kChunksPerRow = kQkDim / 16;                          // 36
-  static constexpr int kCopiesPerThread = kBlockN * kChunksPerRow / kThreads;  // 18
-  // KV stage, K-major core matrices (8 tokens x 16 bytes, 128 contiguous bytes). The
-  // strides are padded from (128, 36 x 128) so that building V^T fragments (lane (g, t)
-  // reads 4 bytes at dim 4g of token 4t + i) hits 32 distinct banks: a chunk column moves
-  // 4 banks (144 = 36 words), a row group 8 banks (5280 = 1320 words).
-  static constexpr int kKvLbo = 144;
-  static constexpr int kKvSbo = 5280;
-  static constexpr int kStageBytes = kBlockN / 8 * kKvSbo;  // 84480
+  static constexpr int kChunksPerRow = kQkDim / 16;  // 36
+  // The KV ring holds halves of a tile (64 tokens, one warpgroup's S rows): 5 of them, so
+  // while a tile is computed the next three halves (110 KB) are in flight.
+  static constexpr int kHalfTokens = kBlockN / 2;
+  static constexpr int kHalves = 5;
+  static constexpr int kCopiesPerThread = kHalfTokens * kChunksPerRow / kThreads;  // 9
+  // K-major core matrices (8 tokens x 16 bytes stored as 128 contiguous bytes): the
+  // 16-byte column c of token row r at (r / 8) * SBO + c * LBO + (r % 8) * 16.
+  static constexpr int kKvLbo = 128;
+  static constexpr int kKvSbo = kChunksPerRow * kKvLbo;  // 4608
+  static constexpr int kHalfBytes = kHalfTokens / 8 * kKvSbo;  // 36864
   // Q hi / lo: 32 rows (16 hi, 16 lo) x 576 bytes; P^T hi / lo: 32 rows x 128 tokens.
   static constexpr int kQLbo = 128, kQSbo = kChunksPerRow * 128, kQBytes = 4 * kQSbo;
   static constexpr int kPLbo = 128, kPSbo = kBlockN / 16 * 128, kPBytes = 4 * kPSbo;
-  static constexpr int kQOffset = kStages * kStageBytes;
+  static constexpr int kQOffset = kHalves * kHalfBytes;
   static constexpr int kPOffset = kQOffset + kQBytes;
   static constexpr int kRedOffset = kPOffset + kPBytes;   // [8 warps][16 heads] x2 floats
   static constexpr int kColOffset = kRedOffset + 2 * 8 * kHeads * 4;  // [2][16] column scales
   static constexpr int kSmemBytes = kColOffset + 2 * kHeads * 4;
-  static_assert(kKvSbo >= kChunksPerRow * kKvLbo, "a row group holds 36 chunk columns");
+  static_assert(kCopiesPerThread * kThreads == kHalfTokens * kChunksPerRow, "whole copies a thread");
   static_assert(kSmemBytes <= 227 * 1024, "one block an SM");
 
   MLAGEN_DEVICE static uint32_t kv_at(int token, int byte) {
@@ -106,20 +108,28 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   const uint8_t* kv = p.kv + seq.kv_begin * p.kv_stride_bytes;
   const float kv_scale = kv_scale_of(p);
 
-  auto issue_tile = [&](int tile, int stage) {
-    const int tok0 = tok_begin + tile * BN;
-    const uint32_t dst = s_base + stage * L::kStageBytes;
-#pragma unroll 2
-    for (int i = 0; i < L::kCopiesPerThread; ++i) {
-      const int idx = tid + i * L::kThreads;
-      const int row = idx / L::kChunksPerRow, col = idx % L::kChunksPerRow;
-      const bool ok = tok0 + row < tok_end;
-      const uint8_t* src = kv + static_cast<int64_t>(ok ? tok0 + row : tok_begin) * p.kv_stride_bytes + col * 16;
-      cp_async_16(dst + L::kv_at(row, col * 16), src, ok);
+  // Half h of the split (tokens 64h ..) into ring slot h % 5, one commit group a half (empty
+  // past the end, so the group count stays uniform). Lanes 8i .. 8i+7 copy one 16-byte
+  // column of 8 consecutive tokens: a whole core matrix, 128 contiguous bytes.
+  const int nhalves = 2 * ntiles;
+  auto issue_half = [&](int h) {
+    if (h < nhalves) {
+      const int tok0 = tok_begin + h * L::kHalfTokens;
+      const uint32_t dst = s_base + (h % L::kHalves) * L::kHalfBytes;
+#pragma unroll 3
+      for (int i = 0; i < L::kCopiesPerThread; ++i) {
+        const int idx = tid + i * L::kThreads;
+        const int cm = idx / 8, row = (cm / L::kChunksPerRow) * 8 + idx % 8, col = cm % L::kChunksPerRow;
+        const bool ok = tok0 + row < tok_end;
+        const uint8_t* src = kv + static_cast<int64_t>(ok ? tok0 + row : tok_begin) * p.kv_stride_bytes + col * 16;
+        cp_async_16(dst + L::kv_at(row, col * 16), src, ok);
+      }
     }
+    cp_async_commit();
   };
-  if (ntiles > 0) issue_tile(0, 0);
-  cp_async_commit();
+  issue_half(0);
+  issue_half(1);
+  issue_half(2);
 
   // ---- Q hi / lo, once: thread -> head tid / 16, dims 36 (tid % 16) .. +35 ------------------
   const QQuant qq = q_setup<T::kQ>(p);
@@ -179,19 +189,26 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   const uint64_t p_desc = wgmma_desc(s_p, L::kPLbo, L::kPSbo);
   const int row0 = wg * 64 + 16 * w + g;  // tile token of accumulator row g (row g + 8: +8)
 
+  // V^T loads: lane (g, t) reads token 4t + i' with i' = (i + rot) % 4 at step i, so the 32
+  // lanes of a load hit 32 distinct banks (bank = 16 (t % 2) + 4 i' + g % 4); a byte
+  // rotation after the transpose puts the tokens back in order.
+  const int rot = 2 * (g / 4) + t / 2;
+  const uint32_t unrot = (0x3210u | 0x32100000u) >> (4 * ((4 - rot) & 3)) & 0xffffu;
+
   for (int it = 0; it < ntiles; ++it) {
-    cp_async_wait<0>();
+    cp_async_wait<1>();  // halves 2it, 2it+1 landed (2it+2 may still fly)
     fence_proxy_async_smem();
-    __syncthreads();  // tile `it` landed for all; P and the maxima of tile it-1 are consumed
-    if (it + 1 < ntiles) issue_tile(it + 1, (it + 1) % L::kStages);
-    cp_async_commit();
-    const uint32_t stage = s_base + (it % L::kStages) * L::kStageBytes;
+    __syncthreads();  // tile `it` landed for all; P, the maxima and the halves of tile it-1 are consumed
+    issue_half(2 * it + 3);  // into tile it-1's slots
+    issue_half(2 * it + 4);
+    const uint32_t half0 = s_base + ((2 * it) % L::kHalves) * L::kHalfBytes;
+    const uint32_t half1 = s_base + ((2 * it + 1) % L::kHalves) * L::kHalfBytes;
 
     // ---- S^T for this warpgroup's 64 tokens: 18 k-steps of 32 dims ---------------------
     float s[16];
 #pragma unroll
     for (int i = 0; i < 16; ++i) s[i] = 0.f;
-    const uint64_t k_desc = wgmma_desc(stage + wg * 8 * L::kKvSbo, L::kKvLbo, L::kKvSbo);
+    const uint64_t k_desc = wgmma_desc(wg ? half1 : half0, L::kKvLbo, L::kKvSbo);
     wgmma_fence_regs(s);
     wgmma_fence();
 #pragma unroll
@@ -259,8 +276,11 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
         for (int v = 0; v < 2; ++v) {
           uint32_t wv[4], tr[4];
 #pragma unroll
-          for (int i = 0; i < 4; ++i) wv[i] = lds32(stage + L::kv_at(32 * ks + 16 * v + 4 * t + i, dim0));
+          for (int i = 0; i < 4; ++i)
+            wv[i] = lds32((ks < 2 ? half0 : half1) + L::kv_at(32 * (ks % 2) + 16 * v + 4 * t + ((i + rot) & 3), dim0));
           transpose_bytes_4x4(wv, tr);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) tr[j] = __byte_perm(tr[j], 0u, unrot);
           a[ks][2 * q][2 * v] = tr[0];
           a[ks][2 * q][2 * v + 1] = tr[1];
           a[ks][2 * q + 1][2 * v] = tr[2];
