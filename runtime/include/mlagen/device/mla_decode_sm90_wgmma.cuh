@@ -109,20 +109,26 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   const float kv_scale = kv_scale_of(p);
 
   // Half h of the split (tokens 64h ..) into ring slot h % 5, one commit group a half (empty
-  // past the end, so the group count stays uniform). Lanes 8i .. 8i+7 copy one 16-byte
-  // column of 8 consecutive tokens: a whole core matrix, 128 contiguous bytes.
+  // past the end, so the group count stays uniform). Copy i of a thread is core matrix
+  // cm = tid / 8 + 32 i (row group cm / 36, 16-byte column cm % 36), row tid % 8 in it: lanes
+  // 8j .. 8j+7 fill one core matrix (128 contiguous bytes), and the shared offset is linear
+  // in i (cm * 128 + 16 (tid % 8), since a row group is 36 x 128 bytes).
   const int nhalves = 2 * ntiles;
+  const int cm0 = tid / 8, r8 = tid % 8;
   auto issue_half = [&](int h) {
     if (h < nhalves) {
       const int tok0 = tok_begin + h * L::kHalfTokens;
-      const uint32_t dst = s_base + (h % L::kHalves) * L::kHalfBytes;
-#pragma unroll 3
+      const int rows_left = tok_end - tok0;
+      const uint32_t dst = s_base + (h % L::kHalves) * L::kHalfBytes + cm0 * 128 + r8 * 16;
+      const uint8_t* base = kv + static_cast<int64_t>(tok0) * p.kv_stride_bytes;
+      int rg = cm0 / L::kChunksPerRow, col = cm0 % L::kChunksPerRow;
+#pragma unroll
       for (int i = 0; i < L::kCopiesPerThread; ++i) {
-        const int idx = tid + i * L::kThreads;
-        const int cm = idx / 8, row = (cm / L::kChunksPerRow) * 8 + idx % 8, col = cm % L::kChunksPerRow;
-        const bool ok = tok0 + row < tok_end;
-        const uint8_t* src = kv + static_cast<int64_t>(ok ? tok0 + row : tok_begin) * p.kv_stride_bytes + col * 16;
-        cp_async_16(dst + L::kv_at(row, col * 16), src, ok);
+        const int row = rg * 8 + r8;
+        const bool ok = row < rows_left;
+        cp_async_16(dst + i * 32 * 128, ok ? base + static_cast<int64_t>(row) * p.kv_stride_bytes + col * 16 : kv, ok);
+        col += 32;  // the next copy: 32 core matrices on (less than a row group: one wrap at most)
+        if (col >= L::kChunksPerRow) col -= L::kChunksPerRow, ++rg;
       }
     }
     cp_async_commit();
@@ -194,6 +200,9 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   // rotation after the transpose puts the tokens back in order.
   const int rot = 2 * (g / 4) + t / 2;
   const uint32_t unrot = (0x3210u | 0x32100000u) >> (4 * ((4 - rot) & 3)) & 0xffffu;
+  uint32_t voff[4];  // the lane's part of load i's address (the rest is a compile-time offset)
+#pragma unroll
+  for (int i = 0; i < 4; ++i) voff[i] = L::kv_at(4 * t + ((i + rot) & 3), 256 * wg + 32 * w + 4 * g);
 
   for (int it = 0; it < ntiles; ++it) {
     cp_async_wait<1>();  // halves 2it, 2it+1 landed (2it+2 may still fly)
@@ -216,6 +225,30 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
       wgmma_m64n32k32_e4m3_ss(s, wgmma_desc_advance(k_desc, 2 * ks * L::kKvLbo),
                               wgmma_desc_advance(q_desc, 2 * ks * L::kQLbo), ks > 0);
     wgmma_commit();
+
+    // ---- V^T fragments, while the tensor cores work on S: lane (g, t) of warp w holds, for
+    // m64 blocks 2q and 2q+1, the dims dim0 = 256 wg + 128 q + 32 w + 4 g + {0, 1 | 2, 3} (rows g, g+8 of each block) of
+    // tokens 32 ks + 16 v + 4t .. +3: four 4-byte loads, one 4x4 byte transpose.
+    uint32_t a[4][4][4];  // [k-step][m64 block][register]
+#pragma unroll
+    for (int ks = 0; ks < BN / 32; ++ks)
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+#pragma unroll
+        for (int v = 0; v < 2; ++v) {
+          uint32_t wv[4], tr[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+            wv[i] = lds32((ks < 2 ? half0 : half1) + voff[i] + L::kv_at(32 * (ks % 2) + 16 * v, 128 * q));
+          transpose_bytes_4x4(wv, tr);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) tr[j] = __byte_perm(tr[j], 0u, unrot);
+          a[ks][2 * q][2 * v] = tr[0];
+          a[ks][2 * q][2 * v + 1] = tr[1];
+          a[ks][2 * q + 1][2 * v] = tr[2];
+          a[ks][2 * q + 1][2 * v + 1] = tr[3];
+        }
+      }
     wgmma_wait<0>();
     wgmma_fence_regs(s);
 
@@ -263,30 +296,6 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
 #pragma unroll
       for (int i = 0; i < 16; ++i) o[mb][i] *= alpha[2 * ((i / 4) % 2) + (i % 2)];
 
-    // ---- V^T fragments: lane (g, t) of warp w holds, for m64 blocks 2q and 2q+1, the dims
-    // dim0 = 256 wg + 128 q + 32 w + 4 g + {0, 1 | 2, 3} (rows g, g+8 of each block) of
-    // tokens 32 ks + 16 v + 4t .. +3: four 4-byte loads, one 4x4 byte transpose.
-    uint32_t a[4][4][4];  // [k-step][m64 block][register]
-#pragma unroll
-    for (int ks = 0; ks < BN / 32; ++ks)
-#pragma unroll
-      for (int q = 0; q < 2; ++q) {
-        const int dim0 = 256 * wg + 128 * q + 32 * w + 4 * g;
-#pragma unroll
-        for (int v = 0; v < 2; ++v) {
-          uint32_t wv[4], tr[4];
-#pragma unroll
-          for (int i = 0; i < 4; ++i)
-            wv[i] = lds32((ks < 2 ? half0 : half1) + L::kv_at(32 * (ks % 2) + 16 * v + 4 * t + ((i + rot) & 3), dim0));
-          transpose_bytes_4x4(wv, tr);
-#pragma unroll
-          for (int j = 0; j < 4; ++j) tr[j] = __byte_perm(tr[j], 0u, unrot);
-          a[ks][2 * q][2 * v] = tr[0];
-          a[ks][2 * q][2 * v + 1] = tr[1];
-          a[ks][2 * q + 1][2 * v] = tr[2];
-          a[ks][2 * q + 1][2 * v + 1] = tr[3];
-        }
-      }
     fence_proxy_async_smem();
     __syncthreads();  // P complete
 
