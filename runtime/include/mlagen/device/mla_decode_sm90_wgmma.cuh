@@ -21,6 +21,11 @@
 #include "mlagen/device/formats.cuh"
 
 #if defined(MLAGEN_NVIDIA)
+// Experiments only (wrong results on purpose; .ci/gpu exp): bit 0 skips the S wgmmas, bit 1
+// the O wgmmas, to see what each costs.
+#ifndef MLAGEN_WG_EXP
+#define MLAGEN_WG_EXP 0
+#endif
 namespace mlagen::device {
 
 struct WgLayout {
@@ -221,7 +226,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
     wgmma_fence_regs(s);
     wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < L::kChunksPerRow / 2; ++ks)
+    for (int ks = 0; ks < ((MLAGEN_WG_EXP & 1) ? 0 : L::kChunksPerRow / 2); ++ks)
       wgmma_m64n32k32_e4m3_ss(s, wgmma_desc_advance(k_desc, 2 * ks * L::kKvLbo),
                               wgmma_desc_advance(q_desc, 2 * ks * L::kQLbo), ks > 0);
     wgmma_commit();
@@ -308,7 +313,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
       for (int mb = 0; mb < 4; ++mb) fence_regs_u32(a[ks][mb]);
     wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < BN / 32; ++ks)
+    for (int ks = 0; ks < ((MLAGEN_WG_EXP & 2) ? 0 : BN / 32); ++ks)
 #pragma unroll
       for (int mb = 0; mb < 4; ++mb)
         wgmma_m64n32k32_e4m3_rs(o[mb], a[ks][mb], wgmma_desc_advance(p_desc, 2 * ks * L::kPLbo));
