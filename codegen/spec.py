@@ -28,11 +28,11 @@ ARCH_TILES = {"sm90a": dict(block_n=32, stages=4), "gfx950": dict(block_n=32, st
               "gfx942": dict(block_n=32, stages=2)}
 # Per KV format where it differs: bf16 tiles are twice the bytes, so sm90a keeps 2 stages
 # (83 KB of shared memory, two blocks an SM) instead of 4.
-# fp8 on sm90a: tiles of 128 tokens select the warpgroup (wgmma) kernel
-# (runtime/include/mlagen/device/mla_decode_sm90_wgmma.cuh), which has 2 stages.
+# fp8 on sm90a: tiles of 64 tokens are the warpgroup (wgmma) kernel
+# (runtime/include/mlagen/device/mla_decode_sm90_wgmma.cuh); 32 the mma.sync one.
 FORMAT_TILES = {("sm90a", "bf16"): dict(block_n=32, stages=2),
-                ("sm90a", "fp8e4m3fn"): dict(block_n=128, stages=2)}
-WARPGROUP_TILE = (128, 2)  # (block_n, stages) of the sm90a fp8 warpgroup kernel
+                ("sm90a", "fp8e4m3fn"): dict(block_n=64, stages=2)}
+WARPGROUP_BLOCK_N = 64  # block_n of the sm90a fp8 warpgroup kernel
 
 
 def default_tiles(arch: str, kv_dtype: str) -> dict:
@@ -114,13 +114,14 @@ class KernelSpec:
 
     @property
     def warpgroup(self) -> bool:
-        """The sm90a fp8 warpgroup (wgmma) kernel: 2 warpgroups, one block an SM."""
-        return self.arch == "sm90a" and self.kv_dtype == "fp8e4m3fn" and self.block_n == WARPGROUP_TILE[0]
+        """The sm90a fp8 warpgroup (wgmma) kernel (one warpgroup a block)."""
+        return self.arch == "sm90a" and self.kv_dtype == "fp8e4m3fn" and self.block_n == WARPGROUP_BLOCK_N
 
     @property
     def target_blocks(self) -> int:
-        """Resident blocks the split heuristic aims for: SMs x blocks an SM of this tiling."""
-        return TARGET_BLOCKS[self.arch] // 2 if self.warpgroup else TARGET_BLOCKS[self.arch]
+        """Resident blocks the split heuristic aims for: SMs x blocks an SM of this tiling
+        (the warpgroup kernel fits two an SM with 2 stages, 95 KB; one with more)."""
+        return TARGET_BLOCKS[self.arch] // 2 if self.warpgroup and self.stages > 2 else TARGET_BLOCKS[self.arch]
 
     @property
     def role(self) -> int:
@@ -199,11 +200,10 @@ class KernelSpec:
             bad("q_len", "1")
         if (self.qk_dim, self.v_dim) != (576, 512):
             bad("qk_dim", "576 with v_dim 512 (DeepSeek MLA latent + rope)")
-        if self.warpgroup:
-            if self.stages != WARPGROUP_TILE[1]:
-                bad("stages", f"{WARPGROUP_TILE[1]} with block_n {WARPGROUP_TILE[0]} (the sm90a fp8 warpgroup kernel)")
-        elif self.block_n not in (32, 64):
-            bad("block_n", "32 or 64, or 128 for fp8e4m3fn KV on sm90a (the warpgroup kernel)")
+        if self.block_n not in (32, 64):
+            bad("block_n", "32 or 64")
+        if self.warpgroup and self.stages > 5:
+            bad("stages", "2..5 with block_n 64 on sm90a fp8 (the warpgroup kernel: 37 KB a stage)")
         if not 2 <= self.stages <= 8:
             bad("stages", "2..8")
         if self.vendor == "amd" and self.stages != 2:

@@ -32,8 +32,8 @@ struct Tiling : TileGeometry<kBlockN_, kStages_, /*warps=*/4> {
   static constexpr KvFormat kKv = kKv_;
   static constexpr QFormat kQ = kQ_;
   static constexpr bool kWide = KvTraits<kKv>::kWide;
-  // fp8 KV in tiles of 128 tokens: the warpgroup (wgmma) kernel, mla_decode_sm90_wgmma.cuh
-  static constexpr bool kWarpgroup = kKv == KvFormat::kFp8 && kBlockN_ == WgLayout::kBlockN;
+  // fp8 KV in tiles of 64 tokens: the warpgroup (wgmma) kernel, mla_decode_sm90_wgmma.cuh
+  static constexpr bool kWarpgroup = kKv == KvFormat::kFp8 && kBlockN_ == WgLayout<kStages_>::kBlockN;
   // What the combine multiplies a partial O by, besides the KV scale and 1 / l.
   static constexpr float kVUnit = kWide || kWarpgroup ? 1.f : kVDecodeScale;
   static constexpr int kNTiles = G::kBlockN / 8;  // n8 MMA tiles per KV tile
@@ -47,13 +47,12 @@ struct Tiling : TileGeometry<kBlockN_, kStages_, /*warps=*/4> {
   static constexpr int kStageBytes = kKv == KvFormat::kMxfp4 ? MxStage<G::kBlockN>::kBytes : G::kBlockN * kRowBytes;
   static constexpr int kDecodedBytes = kKv == KvFormat::kMxfp4 ? G::kBlockN * kWideRowBytes : 0;
   static constexpr int kRedBytes = G::kWarps * kNTiles * MLAGEN_WARP_SIZE * 16;
-  static constexpr int kThreads = kWarpgroup ? WgLayout::kThreads : G::kThreads;
+  static constexpr int kThreads = kWarpgroup ? WgLayout<kStages_>::kThreads : G::kThreads;
   static constexpr int kSmemBytes =
-      kWarpgroup ? WgLayout::kSmemBytes : G::kStages * kStageBytes + kDecodedBytes + kRedBytes;
+      kWarpgroup ? WgLayout<kStages_>::kSmemBytes : G::kStages * kStageBytes + kDecodedBytes + kRedBytes;
   static constexpr int kMinBlocksPerSm = kSmemBytes <= 110 * 1024 ? 2 : 1;
   static_assert(G::kBlockN % 32 == 0, "kBlockN: multiple of 32 (ldmatrix.x4 takes 4 n8 tiles)");
-  static_assert(!kWarpgroup || kStages_ == WgLayout::kStages, "the warpgroup kernel has 2 stages");
-  static_assert(kBlockN_ <= 64 || kWarpgroup, "block_n 128: fp8 KV (the warpgroup kernel) only");
+
   static_assert(kSmemBytes <= 227 * 1024, "shared memory over sm_90's 227 KB a block: fewer stages");
 };
 

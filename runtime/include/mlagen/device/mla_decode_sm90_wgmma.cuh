@@ -1,22 +1,22 @@
 // MLA decode, fp8 KV on sm_90a: the warpgroup (wgmma) kernel.
 //
 // Why a second NVIDIA body (docs/perf.md): mma.sync has no native fp8 on Hopper, so the
-// mma.sync kernel decodes every KV byte to f16 and tops out near 2/3 of the copy
-// bandwidth. Here the fp8 bytes go to the tensor cores as stored:
+// mma.sync kernel decodes every KV byte to f16. Here the fp8 bytes go to the tensor cores
+// as stored:
 //
-//   S^T = K Qhl^T   wgmma m64n32k32 e4m3, both operands in shared memory: A = the KV tile
-//                   (tokens x 576 dims, the rows as cp.async landed them), B = the query
-//                   split into two e4m3 parts per head (q*c = hi + lo/16, c a per-head power
-//                   of two), so N = 16 hi + 16 lo columns and S = hi + lo/16, ~8 significant
-//                   bits of q (bf16 has 8).
+//   S^T = K Qhl^T     wgmma m64n32k32 e4m3, both operands in shared memory: A = the KV tile
+//                     (64 tokens x 576 dims, the rows as cp.async landed them), B = the query
+//                     split into two e4m3 parts per head (q*c = hi + lo/16, c a per-head power
+//                     of two), so N = 16 hi + 16 lo columns and S = hi + lo/16: ~8 significant
+//                     bits of q, as many as bf16 has.
 //   O^T += V^T Phl^T  wgmma m64n32k32 e4m3, A = V^T from registers (4 bytes of 4 tokens
-//                   transposed with prmt: V is read from the same tile, no copy), B = P^T
-//                   split into hi / lo e4m3 the same way (P*256 = hi + lo/16).
+//                     transposed with prmt; V is read from the same tile, no copy), B = P^T
+//                     split into hi / lo e4m3 the same way (P*256 = hi + lo/16).
 //
-// Block = 2 warpgroups, tiles of 128 tokens: warpgroup w computes S for tokens
-// [64w, 64w+64) and O for dims [256w, 256w+256) (4 m64 blocks) over all 128 tokens, so the
-// softmax of a tile meets in shared memory (per-head maxima, then P) with two barriers.
-// KV: a cp.async ring of five 64-token halves, one block per SM (208 KB of shared memory).
+// Block = one warpgroup (128 threads), tiles of 64 tokens, O^T = 8 m64 blocks (512 dims) in
+// registers; a kStages-deep cp.async ring, ~95 KB of shared memory with 2 stages, so two
+// blocks share an SM and one computes while the other waits (a single block of two
+// warpgroups in lockstep ran at half the speed: docs/perf.md).
 #pragma once
 #include "mlagen/device/formats.cuh"
 
@@ -28,31 +28,28 @@
 #endif
 namespace mlagen::device {
 
+template <int kStages_>
 struct WgLayout {
-  static constexpr int kBlockN = 128;  // tokens a tile: 64 per warpgroup for S
-  static constexpr int kStages = 2;    // the spec's name for this tiling (block_n 128, stages 2)
-  static constexpr int kThreads = 256;  // 2 warpgroups
+  static constexpr int kBlockN = 64;   // tokens a tile = the M of the S wgmma
+  static constexpr int kStages = kStages_;
+  static constexpr int kThreads = 128;  // one warpgroup
   static constexpr int kChunksPerRow = kQkDim / 16;  // 36
-  // The KV ring holds halves of a tile (64 tokens, one warpgroup's S rows): 5 of them, so
-  // while a tile is computed the next three halves (110 KB) are in flight.
-  static constexpr int kHalfTokens = kBlockN / 2;
-  static constexpr int kHalves = 5;
-  static constexpr int kCopiesPerThread = kHalfTokens * kChunksPerRow / kThreads;  // 9
+  static constexpr int kCopiesPerThread = kBlockN * kChunksPerRow / kThreads;  // 18
   // K-major core matrices (8 tokens x 16 bytes stored as 128 contiguous bytes): the
   // 16-byte column c of token row r at (r / 8) * SBO + c * LBO + (r % 8) * 16.
   static constexpr int kKvLbo = 128;
-  static constexpr int kKvSbo = kChunksPerRow * kKvLbo;  // 4608
-  static constexpr int kHalfBytes = kHalfTokens / 8 * kKvSbo;  // 36864
-  // Q hi / lo: 32 rows (16 hi, 16 lo) x 576 bytes; P^T hi / lo: 32 rows x 128 tokens.
+  static constexpr int kKvSbo = kChunksPerRow * kKvLbo;        // 4608
+  static constexpr int kStageBytes = kBlockN / 8 * kKvSbo;     // 36864
+  // Q hi / lo: 32 rows (16 hi, 16 lo) x 576 bytes; P^T hi / lo: 32 rows x 64 tokens.
   static constexpr int kQLbo = 128, kQSbo = kChunksPerRow * 128, kQBytes = 4 * kQSbo;
   static constexpr int kPLbo = 128, kPSbo = kBlockN / 16 * 128, kPBytes = 4 * kPSbo;
-  static constexpr int kQOffset = kHalves * kHalfBytes;
+  static constexpr int kQOffset = kStages * kStageBytes;
   static constexpr int kPOffset = kQOffset + kQBytes;
-  static constexpr int kRedOffset = kPOffset + kPBytes;   // [8 warps][16 heads] x2 floats
-  static constexpr int kColOffset = kRedOffset + 2 * 8 * kHeads * 4;  // [2][16] column scales
-  static constexpr int kSmemBytes = kColOffset + 2 * kHeads * 4;
-  static_assert(kCopiesPerThread * kThreads == kHalfTokens * kChunksPerRow, "whole copies a thread");
-  static_assert(kSmemBytes <= 227 * 1024, "one block an SM");
+  static constexpr int kRedOffset = kPOffset + kPBytes;               // [4 warps][16 heads] x2 floats
+  static constexpr int kColOffset = kRedOffset + 2 * 4 * kHeads * 4;  // [16] column scales
+  static constexpr int kSmemBytes = kColOffset + kHeads * 4;
+  static_assert(kCopiesPerThread * kThreads == kBlockN * kChunksPerRow, "whole copies a thread");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory over sm_90's 227 KB a block: fewer stages");
 
   MLAGEN_DEVICE static uint32_t kv_at(int token, int byte) {
     return (token / 8) * kKvSbo + (byte / 16) * kKvLbo + (token % 8) * 16 + byte % 16;
@@ -93,16 +90,16 @@ MLAGEN_DEVICE void split_e4m3(float x0, float x1, uint32_t& hi, uint32_t& lo) {
 template <class T, class Shape>
 MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   using namespace sm90;
-  using L = WgLayout;
-  constexpr int BN = L::kBlockN;
+  using L = WgLayout<T::kStages>;
+  constexpr int BN = L::kBlockN, ST = L::kStages, W = 4;
   static_assert(MLAGEN_WARP_SIZE == 32, "wgmma fragments are defined for 32-lane warps");
   const uint32_t s_base = smem_addr(smem);
   const uint32_t s_q = s_base + L::kQOffset, s_p = s_base + L::kPOffset;
   float* red_max = reinterpret_cast<float*>(smem + L::kRedOffset);  // [warp][head]
-  float* red_sum = red_max + 8 * kHeads;
-  float* col_scale = reinterpret_cast<float*>(smem + L::kColOffset);  // [hi | lo][head]
+  float* red_sum = red_max + W * kHeads;
+  float* col_scale = reinterpret_cast<float*>(smem + L::kColOffset);  // [head]: 1 / c
 
-  const int tid = threadIdx.x, wg = tid / 128, warp = tid / 32, w = warp % 4, lane = tid % 32;
+  const int tid = threadIdx.x, w = tid / 32, lane = tid % 32;
   const int g = lane >> 2, t = lane & 3;
   const int b = blockIdx.y, split = blockIdx.x;
   allow_dependent_launch();
@@ -113,65 +110,60 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   const uint8_t* kv = p.kv + seq.kv_begin * p.kv_stride_bytes;
   const float kv_scale = kv_scale_of(p);
 
-  // Half h of the split (tokens 64h ..) into ring slot h % 5, one commit group a half (empty
-  // past the end, so the group count stays uniform). Copy i of a thread is core matrix
-  // cm = tid / 8 + 32 i (row group cm / 36, 16-byte column cm % 36), row tid % 8 in it: lanes
-  // 8j .. 8j+7 fill one core matrix (128 contiguous bytes), and the shared offset is linear
-  // in i (cm * 128 + 16 (tid % 8), since a row group is 36 x 128 bytes).
-  const int nhalves = 2 * ntiles;
+  // Tile j of the split into ring slot j % ST, one commit group a tile (empty past the end,
+  // so the group count stays uniform). Copy i of a thread is core matrix cm = tid / 8 + 16 i
+  // (row group cm / 36, 16-byte column cm % 36), row tid % 8 in it: lanes 8j .. 8j+7 fill one
+  // core matrix (128 contiguous bytes), and the shared offset is linear in i
+  // (cm * 128 + 16 (tid % 8), a row group being 36 x 128 bytes).
   const int cm0 = tid / 8, r8 = tid % 8;
-  auto issue_half = [&](int h) {
-    if (h < nhalves) {
-      const int tok0 = tok_begin + h * L::kHalfTokens;
+  auto issue_tile = [&](int j) {
+    if (j < ntiles) {
+      const int tok0 = tok_begin + j * BN;
       const int rows_left = tok_end - tok0;
-      const uint32_t dst = s_base + (h % L::kHalves) * L::kHalfBytes + cm0 * 128 + r8 * 16;
+      const uint32_t dst = s_base + (j % ST) * L::kStageBytes + cm0 * 128 + r8 * 16;
       const uint8_t* base = kv + static_cast<int64_t>(tok0) * p.kv_stride_bytes;
       int rg = cm0 / L::kChunksPerRow, col = cm0 % L::kChunksPerRow;
 #pragma unroll
       for (int i = 0; i < L::kCopiesPerThread; ++i) {
         const int row = rg * 8 + r8;
         const bool ok = row < rows_left;
-        cp_async_16(dst + i * 32 * 128, ok ? base + static_cast<int64_t>(row) * p.kv_stride_bytes + col * 16 : kv, ok);
-        col += 32;  // the next copy: 32 core matrices on (less than a row group: one wrap at most)
+        cp_async_16(dst + i * 16 * 128, ok ? base + static_cast<int64_t>(row) * p.kv_stride_bytes + col * 16 : kv, ok);
+        col += 16;  // 16 core matrices on: less than a row group, one wrap at most
         if (col >= L::kChunksPerRow) col -= L::kChunksPerRow, ++rg;
       }
     }
     cp_async_commit();
   };
-  issue_half(0);
-  issue_half(1);
-  issue_half(2);
+#pragma unroll
+  for (int j = 0; j < ST - 1; ++j) issue_tile(j);
 
-  // ---- Q hi / lo, once: thread -> head tid / 16, dims 36 (tid % 16) .. +35 ------------------
+  // ---- Q hi / lo, once: thread -> head tid / 8, dims 72 (tid % 8) .. +71 --------------------
   const QQuant qq = q_setup<T::kQ>(p);
   {
-    const int h = tid / 16, part = tid % 16;
-    float4 v[9];
+    const int h = tid / 8, part = tid % 8;
+    float4 v[18];
     float amax = 0.f;
 #pragma unroll
-    for (int i = 0; i < 9; ++i) {
-      v[i] = load_q4<T::kQ>(p, qq, seq.q_row, h, 36 * part + 4 * i);
+    for (int i = 0; i < 18; ++i) {
+      v[i] = load_q4<T::kQ>(p, qq, seq.q_row, h, 72 * part + 4 * i);
       amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[i].x), fabsf(v[i].y)), fmaxf(fabsf(v[i].z), fabsf(v[i].w))));
     }
 #pragma unroll
-    for (int o = 8; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor(amax, o));
+    for (int o = 4; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor(amax, o));
     // c = 2^(7 - floor(log2 amax)): the head's largest |q| * c lies in [128, 256), under 448
     const int e = amax > 0.f ? static_cast<int>((__float_as_uint(amax) >> 23) & 0xffu) - 127 : 0;
     const int k = min(127, max(-126, 7 - e));
     const float c = pow2i(k);
 #pragma unroll
-    for (int i = 0; i < 9; ++i) {
+    for (int i = 0; i < 18; ++i) {
       uint32_t hi01, lo01, hi23, lo23;
       split_e4m3(v[i].x * c, v[i].y * c, hi01, lo01);
       split_e4m3(v[i].z * c, v[i].w * c, hi23, lo23);
-      const int d = 36 * part + 4 * i;
+      const int d = 72 * part + 4 * i;
       sts32(s_q + L::q_at(h, d), hi01 | (hi23 << 16));
       sts32(s_q + L::q_at(kHeads + h, d), lo01 | (lo23 << 16));
     }
-    if (part == 0) {
-      col_scale[h] = pow2i(-k);                    // S = (hi column) / c ...
-      col_scale[kHeads + h] = pow2i(-k) * 0.0625f;  // ... + (lo column) / (16 c)
-    }
+    if (part == 0) col_scale[h] = pow2i(-k);  // S = (hi column) / c + (lo column) / (16 c)
   }
   fence_proxy_async_smem();
   __syncthreads();
@@ -179,17 +171,16 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   // This thread's heads (columns of S^T and O^T): slot k -> head 8 (k / 2) + 2t + k % 2.
   const float s_scale = kv_scale * qq.scale * p.sm_scale * kLog2e;  // log2 domain
   int head[4];
-  float cs_hi[4], cs_lo[4];
+  float cs_hi[4];  // the lo column's factor is cs_hi / 16
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     head[k] = 8 * (k / 2) + 2 * t + (k % 2);
     cs_hi[k] = col_scale[head[k]] * s_scale;
-    cs_lo[k] = col_scale[kHeads + head[k]] * s_scale;
   }
 
-  float o[4][16];  // O^T of m64 block mb (see the epilogue for its dims); columns hi | lo
+  float o[8][16];  // O^T of m64 block mb (see the epilogue for its dims); columns hi | lo
 #pragma unroll
-  for (int mb = 0; mb < 4; ++mb)
+  for (int mb = 0; mb < 8; ++mb)
 #pragma unroll
     for (int i = 0; i < 16; ++i) o[mb][i] = 0.f;
   float m[4], l[4];
@@ -198,7 +189,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
 
   const uint64_t q_desc = wgmma_desc(s_q, L::kQLbo, L::kQSbo);
   const uint64_t p_desc = wgmma_desc(s_p, L::kPLbo, L::kPSbo);
-  const int row0 = wg * 64 + 16 * w + g;  // tile token of accumulator row g (row g + 8: +8)
+  const int row0 = 16 * w + g;  // tile token of accumulator row g (row g + 8: +8)
 
   // V^T loads: lane (g, t) reads token 4t + i' with i' = (i + rot) % 4 at step i, so the 32
   // lanes of a load hit 32 distinct banks (bank = 16 (t % 2) + 4 i' + g % 4); a byte
@@ -207,22 +198,40 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   const uint32_t unrot = (0x3210u | 0x32100000u) >> (4 * ((4 - rot) & 3)) & 0xffffu;
   uint32_t voff[4];  // the lane's part of load i's address (the rest is a compile-time offset)
 #pragma unroll
-  for (int i = 0; i < 4; ++i) voff[i] = L::kv_at(4 * t + ((i + rot) & 3), 256 * wg + 32 * w + 4 * g);
+  for (int i = 0; i < 4; ++i) voff[i] = L::kv_at(4 * t + ((i + rot) & 3), 32 * w + 4 * g);
+  // V^T fragments of k-step ks (32 tokens), m64 blocks 2q, 2q+1: lane (g, t) of warp w holds
+  // the dims 128 q + 32 w + 4 g + {0, 1 | 2, 3} (rows g, g+8 of each block) of tokens
+  // 32 ks + 16 v + 4t .. +3: four 4-byte loads, one 4x4 byte transpose, one rotation.
+  auto v_frags = [&](uint32_t tile, int ks, uint32_t (&a)[8][4]) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+#pragma unroll
+      for (int v = 0; v < 2; ++v) {
+        uint32_t wv[4], tr[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) wv[i] = lds32(tile + voff[i] + L::kv_at(32 * ks + 16 * v, 128 * q));
+        transpose_bytes_4x4(wv, tr);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) tr[j] = __byte_perm(tr[j], 0u, unrot);
+        a[2 * q][2 * v] = tr[0];
+        a[2 * q][2 * v + 1] = tr[1];
+        a[2 * q + 1][2 * v] = tr[2];
+        a[2 * q + 1][2 * v + 1] = tr[3];
+      }
+  };
 
   for (int it = 0; it < ntiles; ++it) {
-    cp_async_wait<1>();  // halves 2it, 2it+1 landed (2it+2 may still fly)
+    cp_async_wait<ST - 2>();  // tile `it` landed (later ones may still fly)
     fence_proxy_async_smem();
-    __syncthreads();  // tile `it` landed for all; P, the maxima and the halves of tile it-1 are consumed
-    issue_half(2 * it + 3);  // into tile it-1's slots
-    issue_half(2 * it + 4);
-    const uint32_t half0 = s_base + ((2 * it) % L::kHalves) * L::kHalfBytes;
-    const uint32_t half1 = s_base + ((2 * it + 1) % L::kHalves) * L::kHalfBytes;
+    __syncthreads();  // ... for every thread; P, the maxima and tile it-1's slot are free
+    issue_tile(it + ST - 1);
+    const uint32_t tile = s_base + (it % ST) * L::kStageBytes;
 
-    // ---- S^T for this warpgroup's 64 tokens: 18 k-steps of 32 dims ---------------------
+    // ---- S^T for the tile's 64 tokens: 18 k-steps of 32 dims -------------------------------
     float s[16];
 #pragma unroll
     for (int i = 0; i < 16; ++i) s[i] = 0.f;
-    const uint64_t k_desc = wgmma_desc(wg ? half1 : half0, L::kKvLbo, L::kKvSbo);
+    const uint64_t k_desc = wgmma_desc(tile, L::kKvLbo, L::kKvSbo);
     wgmma_fence_regs(s);
     wgmma_fence();
 #pragma unroll
@@ -230,34 +239,10 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
       wgmma_m64n32k32_e4m3_ss(s, wgmma_desc_advance(k_desc, 2 * ks * L::kKvLbo),
                               wgmma_desc_advance(q_desc, 2 * ks * L::kQLbo), ks > 0);
     wgmma_commit();
-
-    // ---- V^T fragments, while the tensor cores work on S: lane (g, t) of warp w holds, for
-    // m64 blocks 2q and 2q+1, the dims dim0 = 256 wg + 128 q + 32 w + 4 g + {0, 1 | 2, 3} (rows g, g+8 of each block) of
-    // tokens 32 ks + 16 v + 4t .. +3: four 4-byte loads, one 4x4 byte transpose.
-    uint32_t a[4][4][4];  // [k-step][m64 block][register]
-#pragma unroll
-    for (int ks = 0; ks < BN / 32; ++ks)
-#pragma unroll
-      for (int q = 0; q < 2; ++q) {
-#pragma unroll
-        for (int v = 0; v < 2; ++v) {
-          uint32_t wv[4], tr[4];
-#pragma unroll
-          for (int i = 0; i < 4; ++i)
-            wv[i] = lds32((ks < 2 ? half0 : half1) + voff[i] + L::kv_at(32 * (ks % 2) + 16 * v, 128 * q));
-          transpose_bytes_4x4(wv, tr);
-#pragma unroll
-          for (int j = 0; j < 4; ++j) tr[j] = __byte_perm(tr[j], 0u, unrot);
-          a[ks][2 * q][2 * v] = tr[0];
-          a[ks][2 * q][2 * v + 1] = tr[1];
-          a[ks][2 * q + 1][2 * v] = tr[2];
-          a[ks][2 * q + 1][2 * v + 1] = tr[3];
-        }
-      }
     wgmma_wait<0>();
     wgmma_fence_regs(s);
 
-    // ---- softmax: per-head tile maxima meet in shared memory ---------------------------
+    // ---- softmax: the per-head tile maxima meet in shared memory ---------------------------
     const int valid = tok_end - (tok_begin + it * BN);
     float sv[2][4], mx[4];
 #pragma unroll
@@ -265,7 +250,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
       const int jh = k / 2, e = k % 2;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const float x = s[4 * jh + 2 * r + e] * cs_hi[k] + s[4 * (jh + 2) + 2 * r + e] * cs_lo[k];
+        const float x = s[4 * jh + 2 * r + e] * cs_hi[k] + s[4 * (jh + 2) + 2 * r + e] * (cs_hi[k] * 0.0625f);
         sv[r][k] = row0 + 8 * r < valid ? x : -INFINITY;
       }
       mx[k] = fmaxf(sv[0][k], sv[1][k]);
@@ -274,15 +259,17 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
     }
     if (g == 0)
 #pragma unroll
-      for (int k = 0; k < 4; ++k) red_max[warp * kHeads + head[k]] = mx[k];
+      for (int k = 0; k < 4; ++k) red_max[w * kHeads + head[k]] = mx[k];
     __syncthreads();
     float alpha[4];
+    bool rescale = false;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       float tm = red_max[head[k]];
 #pragma unroll
-      for (int ww = 1; ww < 8; ++ww) tm = fmaxf(tm, red_max[ww * kHeads + head[k]]);
+      for (int ww = 1; ww < W; ++ww) tm = fmaxf(tm, red_max[ww * kHeads + head[k]]);
       alpha[k] = online_max_update(m[k], tm);
+      rescale |= alpha[k] != 1.f;
     }
     // P = 2^(S - m), x256 (p in [2^-14, 1] stays a normal e4m3), as hi / lo columns of P^T
 #pragma unroll
@@ -296,53 +283,59 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
       sts8(s_p + L::p_at(kHeads + head[k], row0), lo & 0xffu);
       sts8(s_p + L::p_at(kHeads + head[k], row0 + 8), lo >> 8);
     }
+    if (__any_sync(0xffffffffu, rescale))  // the running max moved for some head of the warp
 #pragma unroll
-    for (int mb = 0; mb < 4; ++mb)
+      for (int mb = 0; mb < 8; ++mb)
 #pragma unroll
-      for (int i = 0; i < 16; ++i) o[mb][i] *= alpha[2 * ((i / 4) % 2) + (i % 2)];
-
+        for (int i = 0; i < 16; ++i) o[mb][i] *= alpha[2 * ((i / 4) % 2) + (i % 2)];
+    uint32_t a0[8][4];  // V^T fragments of the first 32 tokens (S is dead: registers)
+    v_frags(tile, 0, a0);
     fence_proxy_async_smem();
     __syncthreads();  // P complete
 
-    // ---- O^T += V^T P^T: 4 k-steps of 32 tokens x 4 m64 blocks ---------------------------
+    // ---- O^T += V^T P^T: 2 k-steps of 32 tokens x 8 m64 blocks --------------------------
 #pragma unroll
-    for (int mb = 0; mb < 4; ++mb) wgmma_fence_regs(o[mb]);
-#pragma unroll
-    for (int ks = 0; ks < BN / 32; ++ks)
-#pragma unroll
-      for (int mb = 0; mb < 4; ++mb) fence_regs_u32(a[ks][mb]);
+    for (int mb = 0; mb < 8; ++mb) wgmma_fence_regs(o[mb]), fence_regs_u32(a0[mb]);
     wgmma_fence();
+    if (!(MLAGEN_WG_EXP & 2))
 #pragma unroll
-    for (int ks = 0; ks < ((MLAGEN_WG_EXP & 2) ? 0 : BN / 32); ++ks)
+      for (int mb = 0; mb < 8; ++mb) wgmma_m64n32k32_e4m3_rs(o[mb], a0[mb], p_desc);
+    wgmma_commit();
+    wgmma_wait<0>();  // (a0's registers are free again: 255 registers would not hold both)
+    uint32_t a1[8][4];  // the second 32 tokens
+    v_frags(tile, 1, a1);
 #pragma unroll
-      for (int mb = 0; mb < 4; ++mb)
-        wgmma_m64n32k32_e4m3_rs(o[mb], a[ks][mb], wgmma_desc_advance(p_desc, 2 * ks * L::kPLbo));
+    for (int mb = 0; mb < 8; ++mb) fence_regs_u32(a1[mb]);
+    wgmma_fence();
+    if (!(MLAGEN_WG_EXP & 2))
+#pragma unroll
+      for (int mb = 0; mb < 8; ++mb) wgmma_m64n32k32_e4m3_rs(o[mb], a1[mb], wgmma_desc_advance(p_desc, 2 * L::kPLbo));
     wgmma_commit();
     wgmma_wait<0>();
 #pragma unroll
-    for (int mb = 0; mb < 4; ++mb) wgmma_fence_regs(o[mb]);
+    for (int mb = 0; mb < 8; ++mb) wgmma_fence_regs(o[mb]);
   }
   cp_async_wait<0>();
 
-  // ---- epilogue: l over the 8 row lanes and the 8 warps -----------------------------------
+  // ---- epilogue: l over the 8 row lanes and the 4 warps -------------------------------------
 #pragma unroll
   for (int k = 0; k < 4; ++k)
 #pragma unroll
     for (int o2 = 4; o2 < 32; o2 *= 2) l[k] += __shfl_xor(l[k], o2);
   if (g == 0)
 #pragma unroll
-    for (int k = 0; k < 4; ++k) red_sum[warp * kHeads + head[k]] = l[k];
+    for (int k = 0; k < 4; ++k) red_sum[w * kHeads + head[k]] = l[k];
   __syncthreads();
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     float sum = 0.f;
 #pragma unroll
-    for (int ww = 0; ww < 8; ++ww) sum += red_sum[ww * kHeads + head[k]];
+    for (int ww = 0; ww < W; ++ww) sum += red_sum[ww * kHeads + head[k]];
     l[k] = sum;
   }
 
-  // O[head][dim]: head slot k, m64 block mb, row r -> dim 256 wg + 128 (mb / 2) + 32 w + 4 g
-  // + 2 (mb % 2) + r: four consecutive dims per (k, mb / 2). Columns: hi + lo / 16, / 256.
+  // O[head][dim]: head slot k, m64 block mb, row r -> dim 128 (mb / 2) + 32 w + 4 g + 2 (mb % 2)
+  // + r: four consecutive dims per (k, mb / 2). Columns: hi + lo / 16, / 256.
   const float o_unit = 1.f / 256.f;
   const int64_t slot = static_cast<int64_t>(b) * splits + split;
 #pragma unroll
@@ -350,14 +343,14 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
     const int jh = k / 2, e = k % 2;
     const float inv = splits == 1 ? out_scale(l[k], kv_scale, seq.bad) * o_unit : o_unit;
 #pragma unroll
-    for (int q = 0; q < 2; ++q) {
+    for (int q = 0; q < 4; ++q) {
       float ov[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int mb = 2 * q + i / 2, r = i % 2;
         ov[i] = (o[mb][4 * jh + 2 * r + e] + o[mb][4 * (jh + 2) + 2 * r + e] * 0.0625f) * inv;
       }
-      const int dim0 = 256 * wg + 128 * q + 32 * w + 4 * g;
+      const int dim0 = 128 * q + 32 * w + 4 * g;
       if (splits == 1) {
         uint16_t* out = p.out + seq.q_row * p.out_stride_token + head[k] * p.out_stride_head + dim0;
         *reinterpret_cast<uint2*>(out) = make_uint2(pack_bf16x2(ov[0], ov[1]), pack_bf16x2(ov[2], ov[3]));
@@ -366,7 +359,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
         *reinterpret_cast<float4*>(po) = make_float4(ov[0], ov[1], ov[2], ov[3]);
       }
     }
-    if (splits > 1 && warp == 0 && g == 0) p.part_ml[slot * kHeads + head[k]] = split_state(m[k], l[k], seq.bad);
+    if (splits > 1 && w == 0 && g == 0) p.part_ml[slot * kHeads + head[k]] = split_state(m[k], l[k], seq.bad);
   }
 }
 
