@@ -49,7 +49,6 @@ struct WgLayout {
   static constexpr int kColOffset = kRedOffset + 2 * 4 * kHeads * 4;  // [16] column scales
   static constexpr int kSmemBytes = kColOffset + kHeads * 4;
   static_assert(kCopiesPerThread * kThreads == kBlockN * kChunksPerRow, "whole copies a thread");
-  static_assert(kSmemBytes <= 227 * 1024, "shared memory over sm_90's 227 KB a block: fewer stages");
 
   MLAGEN_DEVICE static uint32_t kv_at(int token, int byte) {
     return (token / 8) * kKvSbo + (byte / 16) * kKvLbo + (token % 8) * 16 + byte % 16;
@@ -93,6 +92,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   using L = WgLayout<T::kStages>;
   constexpr int BN = L::kBlockN, ST = L::kStages, W = 4;
   static_assert(MLAGEN_WARP_SIZE == 32, "wgmma fragments are defined for 32-lane warps");
+  static_assert(L::kSmemBytes <= 227 * 1024, "shared memory over sm_90's 227 KB a block: fewer stages");
   const uint32_t s_base = smem_addr(smem);
   const uint32_t s_q = s_base + L::kQOffset, s_p = s_base + L::kPOffset;
   float* red_max = reinterpret_cast<float*>(smem + L::kRedOffset);  // [warp][head]
