@@ -1,5 +1,6 @@
-"""One shape's decode under a profiler: `ncu ... python bench/ncu_probe.py 256x8192 [fmt]`
-runs the call three times on fresh random inputs (the profiler picks which launch)."""
+"""One shape's decode under a profiler: `ncu ... python bench/ncu_probe.py 256x8192 [kernel]`
+runs the fp8 call three times on fresh random inputs (the profiler picks which launch);
+`kernel` names a generic kernel of the build (mlagen_kernel_at lists them)."""
 import os
 import sys
 
@@ -16,7 +17,8 @@ def main():
     dev = torch.device("cuda")
     inp = C.make_inputs(batch, kv_len, 1, dev, keep_bf16=False)
     for _ in range(3):
-        out = mlagen.decode(inp["q"], inp["kv_data"], inp["qo_indptr"], inp["kv_indptr"], inp["config"])
+        out = mlagen.decode(inp["q"], inp["kv_data"], inp["qo_indptr"], inp["kv_indptr"], inp["config"],
+                            kernel=sys.argv[2] if len(sys.argv) > 2 else None)
     torch.cuda.synchronize()
     assert torch.isfinite(out.float()).all()
 
