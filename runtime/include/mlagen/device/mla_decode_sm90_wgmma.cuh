@@ -111,25 +111,24 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   const float kv_scale = kv_scale_of(p);
 
   // Tile j of the split into ring slot j % ST, one commit group a tile (empty past the end,
-  // so the group count stays uniform). Copy i of a thread is core matrix cm = tid / 8 + 16 i
-  // (row group cm / 36, 16-byte column cm % 36), row tid % 8 in it: lanes 8j .. 8j+7 fill one
-  // core matrix (128 contiguous bytes), and the shared offset is linear in i
-  // (cm * 128 + 16 (tid % 8), a row group being 36 x 128 bytes).
-  const int cm0 = tid / 8, r8 = tid % 8;
+  // so the group count stays uniform). Copy i of a thread is 16-byte chunk tid + 128 i of the
+  // tile in row-major order, so a warp reads 512 contiguous bytes of KV (whole L2 lines:
+  // an 8-rows-by-64-bytes mapping ran the L2 at twice the requests per DRAM byte, ncu), and
+  // lands it at its core-matrix place.
   auto issue_tile = [&](int j) {
     if (j < ntiles) {
       const int tok0 = tok_begin + j * BN;
       const int rows_left = tok_end - tok0;
-      const uint32_t dst = s_base + (j % ST) * L::kStageBytes + cm0 * 128 + r8 * 16;
+      const uint32_t dst = s_base + (j % ST) * L::kStageBytes;
       const uint8_t* base = kv + static_cast<int64_t>(tok0) * p.kv_stride_bytes;
-      int rg = cm0 / L::kChunksPerRow, col = cm0 % L::kChunksPerRow;
+      int row = tid / L::kChunksPerRow, col = tid % L::kChunksPerRow;
 #pragma unroll
       for (int i = 0; i < L::kCopiesPerThread; ++i) {
-        const int row = rg * 8 + r8;
         const bool ok = row < rows_left;
-        cp_async_16(dst + i * 16 * 128, ok ? base + static_cast<int64_t>(row) * p.kv_stride_bytes + col * 16 : kv, ok);
-        col += 16;  // 16 core matrices on: less than a row group, one wrap at most
-        if (col >= L::kChunksPerRow) col -= L::kChunksPerRow, ++rg;
+        cp_async_16(dst + L::kv_at(row, col * 16), ok ? base + static_cast<int64_t>(row) * p.kv_stride_bytes + col * 16 : kv, ok);
+        row += L::kThreads / L::kChunksPerRow;  // 128 chunks on: 3 rows and 20 columns
+        col += L::kThreads % L::kChunksPerRow;
+        if (col >= L::kChunksPerRow) col -= L::kChunksPerRow, ++row;
       }
     }
     cp_async_commit();
