@@ -22,7 +22,8 @@
 
 #if defined(MLAGEN_NVIDIA)
 // Experiments only (wrong results on purpose; .ci/gpu exp): bit 0 skips the S wgmmas, bit 1
-// the O wgmmas, bit 2 the proxy fence before P is read, bit 3 the one after a tile lands.
+// the O wgmmas, bit 2 the proxy fence before P is read, bit 3 the one after a tile lands,
+// bit 4 lands the KV rows row-major (contiguous 16-byte runs in shared memory too).
 #ifndef MLAGEN_WG_EXP
 #define MLAGEN_WG_EXP 0
 #endif
@@ -125,7 +126,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
 #pragma unroll
       for (int i = 0; i < L::kCopiesPerThread; ++i) {
         const bool ok = row < rows_left;
-        cp_async_16(dst + L::kv_at(row, col * 16), ok ? base + static_cast<int64_t>(row) * p.kv_stride_bytes + col * 16 : kv, ok);
+        cp_async_16(dst + ((MLAGEN_WG_EXP & 16) ? row * kQkDim + col * 16 : L::kv_at(row, col * 16)), ok ? base + static_cast<int64_t>(row) * p.kv_stride_bytes + col * 16 : kv, ok);
         row += L::kThreads / L::kChunksPerRow;  // 128 chunks on: 3 rows and 20 columns
         col += L::kThreads % L::kChunksPerRow;
         if (col >= L::kChunksPerRow) col -= L::kChunksPerRow, ++row;
