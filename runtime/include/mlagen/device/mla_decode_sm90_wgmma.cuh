@@ -22,8 +22,7 @@
 
 #if defined(MLAGEN_NVIDIA)
 // Experiments only (wrong results on purpose; .ci/gpu exp): bit 0 skips the S wgmmas, bit 1
-// the O wgmmas, bit 2 the proxy fence before P is read, bit 3 the one after a tile lands,
-// bit 4 lands the KV rows row-major (contiguous 16-byte runs in shared memory too).
+// the O wgmmas, bit 2 the proxy fence before P is read, bit 3 the one after a tile lands.
 #ifndef MLAGEN_WG_EXP
 #define MLAGEN_WG_EXP 0
 #endif
@@ -36,23 +35,32 @@ struct WgLayout {
   static constexpr int kThreads = 128;  // one warpgroup
   static constexpr int kChunksPerRow = kQkDim / 16;  // 36
   static constexpr int kCopiesPerThread = kBlockN * kChunksPerRow / kThreads;  // 18
-  // K-major core matrices (8 tokens x 16 bytes stored as 128 contiguous bytes): the
-  // 16-byte column c of token row r at (r / 8) * SBO + c * LBO + (r % 8) * 16.
-  static constexpr int kKvLbo = 128;
-  static constexpr int kKvSbo = kChunksPerRow * kKvLbo;        // 4608
-  static constexpr int kStageBytes = kBlockN / 8 * kKvSbo;     // 36864
+  // The KV tile, K-major and swizzled so that cp.async lands whole 64..128-byte runs of a
+  // row (16-byte pieces scattered over core matrices halved the copy rate: docs/perf.md):
+  //   dims 0..511  : 4 atoms of 128 dims (128B swizzle), atom a at a * 8192: token r's row
+  //                  at (r / 8) * 1024 + (r % 8) * 128, its 16-byte chunk c at (c ^ (r % 8)) * 16;
+  //   dims 512..575: one 64B-swizzle atom at 32768: row at (r / 8) * 512 + (r % 8) * 64,
+  //                  chunk c at (c ^ ((r % 8) / 2)) * 16.
+  static constexpr int kAtom128Bytes = kBlockN * 128;  // 8192
+  static constexpr int kRopeOffset = 4 * kAtom128Bytes;
+  static constexpr int kStageBytes = kRopeOffset + kBlockN * 64;  // 36864 (36 x 1024)
+  static constexpr int kAlign = 1024;  // swizzle atoms repeat every 1024 bytes of address
   // Q hi / lo: 32 rows (16 hi, 16 lo) x 576 bytes; P^T hi / lo: 32 rows x 64 tokens.
   static constexpr int kQLbo = 128, kQSbo = kChunksPerRow * 128, kQBytes = 4 * kQSbo;
   static constexpr int kPLbo = 128, kPSbo = kBlockN / 16 * 128, kPBytes = 4 * kPSbo;
-  static constexpr int kQOffset = kStages * kStageBytes;
+  static constexpr int kQOffset = kStages * kStageBytes;  // from the 1024-aligned base
   static constexpr int kPOffset = kQOffset + kQBytes;
   static constexpr int kRedOffset = kPOffset + kPBytes;               // [4 warps][16 heads] x2 floats
   static constexpr int kColOffset = kRedOffset + 2 * 4 * kHeads * 4;  // [16] column scales
-  static constexpr int kSmemBytes = kColOffset + kHeads * 4;
+  static constexpr int kSmemBytes = kColOffset + kHeads * 4 + kAlign;  // + room to align the base
   static_assert(kCopiesPerThread * kThreads == kBlockN * kChunksPerRow, "whole copies a thread");
 
   MLAGEN_DEVICE static uint32_t kv_at(int token, int byte) {
-    return (token / 8) * kKvSbo + (byte / 16) * kKvLbo + (token % 8) * 16 + byte % 16;
+    const int r8 = token % 8;
+    if (byte < 512)
+      return (byte / 128) * kAtom128Bytes + (token / 8) * 1024 + r8 * 128 + (((byte / 16) % 8) ^ r8) * 16 + byte % 16;
+    const int b = byte - 512;
+    return kRopeOffset + (token / 8) * 512 + r8 * 64 + ((b / 16) ^ (r8 / 2)) * 16 + b % 16;
   }
   MLAGEN_DEVICE static uint32_t q_at(int row, int byte) {
     return (row / 8) * kQSbo + (byte / 16) * kQLbo + (row % 8) * 16 + byte % 16;
@@ -94,7 +102,9 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   constexpr int BN = L::kBlockN, ST = L::kStages, W = 4;
   static_assert(MLAGEN_WARP_SIZE == 32, "wgmma fragments are defined for 32-lane warps");
   static_assert(L::kSmemBytes <= 227 * 1024, "shared memory over sm_90's 227 KB a block: fewer stages");
-  const uint32_t s_base = smem_addr(smem);
+  const uint32_t s_raw = smem_addr(smem);
+  const uint32_t s_base = (s_raw + L::kAlign - 1) & ~static_cast<uint32_t>(L::kAlign - 1);
+  smem += s_base - s_raw;
   const uint32_t s_q = s_base + L::kQOffset, s_p = s_base + L::kPOffset;
   float* red_max = reinterpret_cast<float*>(smem + L::kRedOffset);  // [warp][head]
   float* red_sum = red_max + W * kHeads;
@@ -113,9 +123,8 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
 
   // Tile j of the split into ring slot j % ST, one commit group a tile (empty past the end,
   // so the group count stays uniform). Copy i of a thread is 16-byte chunk tid + 128 i of the
-  // tile in row-major order, so a warp reads 512 contiguous bytes of KV (whole L2 lines:
-  // an 8-rows-by-64-bytes mapping ran the L2 at twice the requests per DRAM byte, ncu), and
-  // lands it at its core-matrix place.
+  // tile in row-major order: a warp reads 512 contiguous bytes of KV and lands them as runs
+  // of 64..128 bytes (the swizzle permutes chunks inside a run only).
   auto issue_tile = [&](int j) {
     if (j < ntiles) {
       const int tok0 = tok_begin + j * BN;
@@ -126,7 +135,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
 #pragma unroll
       for (int i = 0; i < L::kCopiesPerThread; ++i) {
         const bool ok = row < rows_left;
-        cp_async_16(dst + ((MLAGEN_WG_EXP & 16) ? row * kQkDim + col * 16 : L::kv_at(row, col * 16)), ok ? base + static_cast<int64_t>(row) * p.kv_stride_bytes + col * 16 : kv, ok);
+        cp_async_16(dst + L::kv_at(row, col * 16), ok ? base + static_cast<int64_t>(row) * p.kv_stride_bytes + col * 16 : kv, ok);
         row += L::kThreads / L::kChunksPerRow;  // 128 chunks on: 3 rows and 20 columns
         col += L::kThreads % L::kChunksPerRow;
         if (col >= L::kChunksPerRow) col -= L::kChunksPerRow, ++row;
@@ -192,9 +201,9 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   const int row0 = 16 * w + g;  // tile token of accumulator row g (row g + 8: +8)
 
   // V^T loads: lane (g, t) reads token 4t + i' with i' = (i + rot) % 4 at step i, so the 32
-  // lanes of a load hit 32 distinct banks (bank = 16 (t % 2) + 4 i' + g % 4); a byte
-  // rotation after the transpose puts the tokens back in order.
-  const int rot = 2 * (g / 4) + t / 2;
+  // lanes of a load hit 32 distinct banks (bank = 4 ((2w + g / 4) ^ ((4t + i') % 8)) + g % 4,
+  // checked exhaustively); a byte rotation after the transpose puts the tokens back in order.
+  const int rot = 2 * (t / 2);
   const uint32_t unrot = (0x3210u | 0x32100000u) >> (4 * ((4 - rot) & 3)) & 0xffffu;
   uint32_t voff[4];  // the lane's part of load i's address (the rest is a compile-time offset)
 #pragma unroll
@@ -209,7 +218,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
       for (int v = 0; v < 2; ++v) {
         uint32_t wv[4], tr[4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) wv[i] = lds32(tile + voff[i] + L::kv_at(32 * ks + 16 * v, 128 * q));
+        for (int i = 0; i < 4; ++i) wv[i] = lds32(tile + voff[i] + q * L::kAtom128Bytes + (4 * ks + 2 * v) * 1024);
         transpose_bytes_4x4(wv, tr);
 #pragma unroll
         for (int j = 0; j < 4; ++j) tr[j] = __byte_perm(tr[j], 0u, unrot);
@@ -231,12 +240,17 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
     float s[16];
 #pragma unroll
     for (int i = 0; i < 16; ++i) s[i] = 0.f;
-    const uint64_t k_desc = wgmma_desc(tile, L::kKvLbo, L::kKvSbo);
+    // k-step ks = dims 32 ks ..: inside a swizzle atom the descriptor moves by the
+    // unswizzled offset (the hardware applies the XOR to the address it forms)
+    const uint64_t k_desc = wgmma_desc(tile, 16, 1024, WgmmaSwizzle::k128B);
+    const uint64_t rope_desc = wgmma_desc(tile + L::kRopeOffset, 16, 512, WgmmaSwizzle::k64B);
     wgmma_fence_regs(s);
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < ((MLAGEN_WG_EXP & 1) ? 0 : L::kChunksPerRow / 2); ++ks)
-      wgmma_m64n32k32_e4m3_ss(s, wgmma_desc_advance(k_desc, 2 * ks * L::kKvLbo),
+      wgmma_m64n32k32_e4m3_ss(s,
+                              ks < 16 ? wgmma_desc_advance(k_desc, (ks / 4) * L::kAtom128Bytes + (ks % 4) * 32)
+                                      : wgmma_desc_advance(rope_desc, (ks - 16) * 32),
                               wgmma_desc_advance(q_desc, 2 * ks * L::kQLbo), ks > 0);
     wgmma_commit();
     wgmma_wait<0>();

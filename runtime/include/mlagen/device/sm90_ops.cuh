@@ -186,9 +186,15 @@ MLAGEN_DEVICE void wait_for_prior_grid() { asm volatile("griddepcontrol.wait;\n"
 //   d[4j + 2r + e] = D[16w + g + 8r][8j + 2t + e]      (j < N/8, r, e in {0, 1})
 // Register A fragment of m64nNk32 (8-bit types): a[2v + r] holds the 4 bytes
 //   A[16w + g + 8r][16v + 4t .. 16v + 4t + 3]           (v, r in {0, 1}; byte i = k + i)
-MLAGEN_DEVICE uint64_t wgmma_desc(uint32_t smem_addr, uint32_t lbo, uint32_t sbo) {
+// Swizzled K-major layouts (what cp.async fills efficiently, see mla_decode_sm90_wgmma.cuh):
+// rows of 128 (or 64) bytes, 8-row atoms of 1024 (512) bytes, the 16-byte chunk index of a
+// row XORed with bits 7-9 (7-8) of its shared address; SBO = bytes between 8-row groups,
+// LBO unused. Atoms must start 1024-byte aligned (base offset field 0).
+enum class WgmmaSwizzle : uint32_t { kNone = 0, k128B = 1, k64B = 2, k32B = 3 };
+MLAGEN_DEVICE uint64_t wgmma_desc(uint32_t smem_addr, uint32_t lbo, uint32_t sbo,
+                                  WgmmaSwizzle swizzle = WgmmaSwizzle::kNone) {
   return static_cast<uint64_t>((smem_addr & 0x3FFFFu) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
-         (static_cast<uint64_t>(sbo >> 4) << 32);
+         (static_cast<uint64_t>(sbo >> 4) << 32) | (static_cast<uint64_t>(swizzle) << 62);
 }
 // The descriptor of the same matrix `bytes` further on (start address field; no carry:
 // shared addresses are below 256 KB).
