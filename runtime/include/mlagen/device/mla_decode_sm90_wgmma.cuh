@@ -122,23 +122,35 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   const float kv_scale = kv_scale_of(p);
 
   // Tile j of the split into ring slot j % ST, one commit group a tile (empty past the end,
-  // so the group count stays uniform). Copy i of a thread is 16-byte chunk tid + 128 i of the
-  // tile in row-major order: a warp reads 512 contiguous bytes of KV and lands them as runs
-  // of 64..128 bytes (the swizzle permutes chunks inside a run only).
+  // so the group count stays uniform). A warp instruction copies whole runs of rows, in
+  // global memory and in the swizzled tile alike: dims 0..511 as 4 rows x 128 bytes (lane l:
+  // row 16 (i / 4) + 4w + l / 8, 16-byte chunk l % 8 of atom i % 4), the rope dims as 8 rows
+  // x 64 bytes (row 32 i + 8w + l / 4, chunk l % 4). Every offset is a per-thread constant
+  // plus a compile-time one, so nothing per copy stays live across the loop.
+  const int r8 = 4 * (w % 2) + lane / 8, c8 = lane % 8;  // 128B part: row % 8, chunk
+  const uint32_t dst_main = (w / 2) * 1024 + r8 * 128 + ((c8 ^ r8) * 16);
+  const int row_main = 4 * w + lane / 8;
+  const int rr = lane / 4, c4 = lane % 4;  // rope part: row % 8, chunk
+  const uint32_t dst_rope = L::kRopeOffset + w * 512 + rr * 64 + ((c4 ^ (rr / 2)) * 16);
+  const int row_rope = 8 * w + rr;
   auto issue_tile = [&](int j) {
     if (j < ntiles) {
       const int tok0 = tok_begin + j * BN;
       const int rows_left = tok_end - tok0;
       const uint32_t dst = s_base + (j % ST) * L::kStageBytes;
       const uint8_t* base = kv + static_cast<int64_t>(tok0) * p.kv_stride_bytes;
-      int row = tid / L::kChunksPerRow, col = tid % L::kChunksPerRow;
 #pragma unroll
-      for (int i = 0; i < L::kCopiesPerThread; ++i) {
+      for (int i = 0; i < 16; ++i) {
+        const int row = 16 * (i / 4) + row_main;
         const bool ok = row < rows_left;
-        cp_async_16(dst + L::kv_at(row, col * 16), ok ? base + static_cast<int64_t>(row) * p.kv_stride_bytes + col * 16 : kv, ok);
-        row += L::kThreads / L::kChunksPerRow;  // 128 chunks on: 3 rows and 20 columns
-        col += L::kThreads % L::kChunksPerRow;
-        if (col >= L::kChunksPerRow) col -= L::kChunksPerRow, ++row;
+        cp_async_16(dst + dst_main + (i % 4) * L::kAtom128Bytes + (i / 4) * 2048,
+                    ok ? base + static_cast<int64_t>(row) * p.kv_stride_bytes + (i % 4) * 128 + c8 * 16 : kv, ok);
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int row = 32 * i + row_rope;
+        const bool ok = row < rows_left;
+        cp_async_16(dst + dst_rope + i * 2048, ok ? base + static_cast<int64_t>(row) * p.kv_stride_bytes + 512 + c4 * 16 : kv, ok);
       }
     }
     cp_async_commit();
