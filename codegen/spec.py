@@ -28,11 +28,10 @@ ARCH_TILES = {"sm90a": dict(block_n=32, stages=4), "gfx950": dict(block_n=32, st
               "gfx942": dict(block_n=32, stages=2)}
 # Per KV format where it differs: bf16 tiles are twice the bytes, so sm90a keeps 2 stages
 # (83 KB of shared memory, two blocks an SM) instead of 4.
-FORMAT_TILES = {("sm90a", "bf16"): dict(block_n=32, stages=2)}
 # fp8 on sm90a: tiles of 64 tokens are the warpgroup (wgmma) kernel
-# (runtime/include/mlagen/device/mla_decode_sm90_wgmma.cuh), 32 the mma.sync one. The
-# warpgroup kernel is correct but not yet faster (docs/perf.md), so it is a tuning
-# candidate, not the default.
+# (runtime/include/mlagen/device/mla_decode_sm90_wgmma.cuh), 32 the mma.sync one.
+FORMAT_TILES = {("sm90a", "bf16"): dict(block_n=32, stages=2),
+                ("sm90a", "fp8e4m3fn"): dict(block_n=64, stages=2)}
 WARPGROUP_BLOCK_N = 64  # block_n of the sm90a fp8 warpgroup kernel
 
 
