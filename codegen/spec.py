@@ -41,7 +41,6 @@ def default_tiles(arch: str, kv_dtype: str) -> dict:
 # The generator's heuristic and the runtime's (for the generic kernel, through the
 # generated registry) both read this table.
 TARGET_BLOCKS = {"sm90a": 132 * 2, "gfx950": 256 * 2, "gfx942": 304 * 2}
-SM_COUNT = {"sm90a": 132, "gfx950": 256, "gfx942": 304}
 Q_DTYPES = ("bf16", "fp8")
 KV_DTYPES = ("bf16", "fp8e4m3fn", "fp8e4m3fnuz", "mxfp4")
 

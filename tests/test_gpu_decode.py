@@ -16,6 +16,7 @@ import mlagen  # noqa: E402
 from reference import attention, dequant_fp8, exact_inputs, make_inputs, rel_l2  # noqa: E402
 from tolerances import TOLERANCES  # noqa: E402
 from codegen import catalog  # noqa: E402
+from codegen.spec import KernelSpec  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.gpu
@@ -78,9 +79,11 @@ def test_generic_kernel_on_leaderboard_shapes(batch, kv_len):
 
 
 def _candidates():
+    """The generic fp8 tuning candidates (role 2: every tiling but the generic default, which
+    the tests above run): the mma.sync kernel's and the warpgroup kernel's."""
     with open(os.path.join(ROOT, "generated", "manifest.json")) as f:
         return [k["name"] for k in json.load(f)["kernels"]
-                if k["arch"] == "sm90a" and not k["batch"] and (k["block_n"], k["stages"]) != (32, 4)
+                if k["arch"] == "sm90a" and not k["batch"] and KernelSpec.parse(k["name"]).role == 2
                 and (k["q_dtype"], k["kv_dtype"]) == ("bf16", "fp8e4m3fn")]
 
 

@@ -33,6 +33,7 @@ struct Tiling : TileGeometry<kBlockN_, kStages_, /*warps=*/4> {
   static constexpr QFormat kQ = kQ_;
   static constexpr bool kWide = KvTraits<kKv>::kWide;
   // fp8 KV in tiles of 64 tokens: the warpgroup (wgmma) kernel, mla_decode_sm90_wgmma.cuh
+  // (codegen/spec.py WARPGROUP_BLOCK_N says the same to the generator)
   static constexpr bool kWarpgroup = kKv == KvFormat::kFp8 && kBlockN_ == WgLayout<kStages_>::kBlockN;
   // What the combine multiplies a partial O by, besides the KV scale and 1 / l.
   static constexpr float kVUnit = kWide || kWarpgroup ? 1.f : kVDecodeScale;
@@ -52,7 +53,6 @@ struct Tiling : TileGeometry<kBlockN_, kStages_, /*warps=*/4> {
       kWarpgroup ? WgLayout<kStages_>::kSmemBytes : G::kStages * kStageBytes + kDecodedBytes + kRedBytes;
   static constexpr int kMinBlocksPerSm = kSmemBytes <= 110 * 1024 ? 2 : 1;
   static_assert(G::kBlockN % 32 == 0, "kBlockN: multiple of 32 (ldmatrix.x4 takes 4 n8 tiles)");
-
   static_assert(kSmemBytes <= 227 * 1024, "shared memory over sm_90's 227 KB a block: fewer stages");
 };
 

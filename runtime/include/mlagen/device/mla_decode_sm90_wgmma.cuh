@@ -80,12 +80,6 @@ MLAGEN_DEVICE void transpose_bytes_4x4(const uint32_t (&w)[4], uint32_t (&out)[4
   out[3] = __byte_perm(a_hi, b_hi, 0x7632);
 }
 
-template <int N>
-MLAGEN_DEVICE void fence_regs_u32(uint32_t (&r)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
-}
-
 // x (>= 0 or any sign) -> e4m3 hi and lo with x ~ hi + lo / 16 (two values at once: the
 // bytes of each result are (x0, x1)).
 MLAGEN_DEVICE void split_e4m3(float x0, float x1, uint32_t& hi, uint32_t& lo) {
@@ -321,7 +315,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
 
     // ---- O^T += V^T P^T: 2 k-steps of 32 tokens x 8 m64 blocks --------------------------
 #pragma unroll
-    for (int mb = 0; mb < 8; ++mb) wgmma_fence_regs(o[mb]), fence_regs_u32(a0[mb]);
+    for (int mb = 0; mb < 8; ++mb) wgmma_fence_regs(o[mb]), wgmma_fence_regs(a0[mb]);
     wgmma_fence();
     if (!(MLAGEN_WG_EXP & 2))
 #pragma unroll
@@ -331,7 +325,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
     uint32_t a1[8][4];  // the second 32 tokens
     v_frags(tile, 1, a1);
 #pragma unroll
-    for (int mb = 0; mb < 8; ++mb) fence_regs_u32(a1[mb]);
+    for (int mb = 0; mb < 8; ++mb) wgmma_fence_regs(a1[mb]);
     wgmma_fence();
     if (!(MLAGEN_WG_EXP & 2))
 #pragma unroll

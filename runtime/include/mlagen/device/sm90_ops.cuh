@@ -100,11 +100,14 @@ MLAGEN_DEVICE void v_pairs_to_f16x2(uint32_t wa, uint32_t wb, uint32_t (&d)[4]) 
   }
 }
 
+// Two e4m3 bytes (x in the low byte) -> fp32, exact.
+MLAGEN_DEVICE float2 e4m3x2_to_float2(uint16_t v) {
+  const uint32_t h = e4m3x2_f2fp(v);
+  return __half22float2(*reinterpret_cast<const __half2*>(&h));
+}
 // Four e4m3 bytes [b3 b2 b1 b0] -> fp32 (b0, b1, b2, b3), exact (the fp8 query).
 MLAGEN_DEVICE float4 fp8x4_to_float4(uint32_t w) {
-  const uint32_t lo = e4m3x2_f2fp(static_cast<uint16_t>(w)), hi = e4m3x2_f2fp(static_cast<uint16_t>(w >> 16));
-  const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&lo));
-  const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&hi));
+  const float2 a = e4m3x2_to_float2(static_cast<uint16_t>(w)), b = e4m3x2_to_float2(static_cast<uint16_t>(w >> 16));
   return make_float4(a.x, a.y, b.x, b.y);
 }
 
@@ -223,11 +226,17 @@ MLAGEN_DEVICE void wgmma_wait() {
 // Makes generic-proxy writes to shared memory (st.shared, cp.async) visible to the async
 // proxy that wgmma reads operands through; then a barrier orders them for the other threads.
 MLAGEN_DEVICE void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-// Keeps the compiler from moving accumulator reads / writes across the wgmma calls.
+// Keeps the compiler from moving accumulator (or register A fragment) reads / writes across
+// the wgmma calls.
 template <int N>
 MLAGEN_DEVICE void wgmma_fence_regs(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int N>
+MLAGEN_DEVICE void wgmma_fence_regs(uint32_t (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
 }
 
 #define MLAGEN_WGMMA_D16 \
@@ -262,22 +271,11 @@ MLAGEN_DEVICE void wgmma_m64n32k32_e4m3_rs(float (&d)[16], const uint32_t (&a)[4
 #endif
 }
 
-// fp32 -> e4m3 (round to nearest even, saturating to +-448): four values -> bytes [x y z w].
-MLAGEN_DEVICE uint32_t pack_e4m3x4(float x, float y, float z, float w) {
-  uint16_t lo, hi;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(lo) : "f"(y), "f"(x));
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(hi) : "f"(w), "f"(z));
-  return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
-}
+// fp32 -> e4m3 (round to nearest even, saturating to +-448): two values -> bytes [x y].
 MLAGEN_DEVICE uint16_t pack_e4m3x2(float x, float y) {
   uint16_t v;
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(v) : "f"(y), "f"(x));
   return v;
-}
-// Two e4m3 bytes (x in the low byte) -> fp32, exact.
-MLAGEN_DEVICE float2 e4m3x2_to_float2(uint16_t v) {
-  const uint32_t h = e4m3x2_f2fp(v);
-  return __half22float2(*reinterpret_cast<const __half2*>(&h));
 }
 MLAGEN_DEVICE void sts8(uint32_t addr, uint32_t v) { asm volatile("st.shared.u8 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory"); }
 MLAGEN_DEVICE void sts32(uint32_t addr, uint32_t v) { asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory"); }
