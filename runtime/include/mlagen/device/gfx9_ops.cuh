@@ -150,16 +150,6 @@ MLAGEN_DEVICE void mfma_k32(f32x4& d, V a_lo, V a_hi, V b_lo, V b_hi) {
 
 MLAGEN_DEVICE uint32_t lds32(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
-// 4x4 byte transpose: out[u] = bytes u of w[0..3], w[0] in the low byte.
-MLAGEN_DEVICE void transpose4x4(const uint32_t (&w)[4], uint32_t (&out)[4]) {
-  const uint32_t lo01 = byte_perm(w[0], w[1], 0x5140), lo23 = byte_perm(w[2], w[3], 0x5140);
-  const uint32_t hi01 = byte_perm(w[0], w[1], 0x7362), hi23 = byte_perm(w[2], w[3], 0x7362);
-  out[0] = byte_perm(lo01, lo23, 0x5410);
-  out[1] = byte_perm(lo01, lo23, 0x7632);
-  out[2] = byte_perm(hi01, hi23, 0x5410);
-  out[3] = byte_perm(hi01, hi23, 0x7632);
-}
-
 // 4x4 transpose of 16-bit elements: w[r] holds elements 0..3 of row r (element 0 in the low
 // half of w[r].x); out[u] = element u of rows 0..3, row 0 lowest.
 MLAGEN_DEVICE void transpose4x4_b16(const uint2 (&w)[4], bf16x4 (&out)[4]) {

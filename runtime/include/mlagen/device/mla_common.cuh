@@ -39,6 +39,17 @@ struct TileGeometry {
   static_assert(kChunksPerRow % kWarps == 0, "QK dims must divide over the warps");
 };
 
+// 4x4 byte transpose: out[u] = byte u of w[0..3], w[0]'s in the low byte (V^T fragments of
+// the fp8 kernels, both vendors).
+MLAGEN_DEVICE void transpose4x4(const uint32_t (&w)[4], uint32_t (&out)[4]) {
+  const uint32_t lo01 = byte_perm(w[0], w[1], 0x5140), hi01 = byte_perm(w[0], w[1], 0x7362);
+  const uint32_t lo23 = byte_perm(w[2], w[3], 0x5140), hi23 = byte_perm(w[2], w[3], 0x7362);
+  out[0] = byte_perm(lo01, lo23, 0x5410);
+  out[1] = byte_perm(lo01, lo23, 0x7632);
+  out[2] = byte_perm(hi01, hi23, 0x5410);
+  out[3] = byte_perm(hi01, hi23, 0x7632);
+}
+
 // Split `split` of `splits` over a sequence of seq_len tokens, in whole tiles of block_n.
 struct SplitRange {
   int ntiles;     // tiles this split streams (0 for an empty split)

@@ -70,16 +70,6 @@ struct WgLayout {
   }
 };
 
-// Bytes [b0 b1 b2 b3] of w[0..3] -> out[j] = (w[0].bj, w[1].bj, w[2].bj, w[3].bj).
-MLAGEN_DEVICE void transpose_bytes_4x4(const uint32_t (&w)[4], uint32_t (&out)[4]) {
-  const uint32_t a_lo = __byte_perm(w[0], w[1], 0x5140), a_hi = __byte_perm(w[0], w[1], 0x7362);
-  const uint32_t b_lo = __byte_perm(w[2], w[3], 0x5140), b_hi = __byte_perm(w[2], w[3], 0x7362);
-  out[0] = __byte_perm(a_lo, b_lo, 0x5410);
-  out[1] = __byte_perm(a_lo, b_lo, 0x7632);
-  out[2] = __byte_perm(a_hi, b_hi, 0x5410);
-  out[3] = __byte_perm(a_hi, b_hi, 0x7632);
-}
-
 // x (>= 0 or any sign) -> e4m3 hi and lo with x ~ hi + lo / 16 (two values at once: the
 // bytes of each result are (x0, x1)).
 MLAGEN_DEVICE void split_e4m3(float x0, float x1, uint32_t& hi, uint32_t& lo) {
@@ -225,9 +215,9 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
         uint32_t wv[4], tr[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) wv[i] = lds32(tile + voff[i] + q * L::kAtom128Bytes + (4 * ks + 2 * v) * 1024);
-        transpose_bytes_4x4(wv, tr);
+        transpose4x4(wv, tr);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) tr[j] = __byte_perm(tr[j], 0u, unrot);
+        for (int j = 0; j < 4; ++j) tr[j] = byte_perm(tr[j], 0u, unrot);
         a[2 * q][2 * v] = tr[0];
         a[2 * q][2 * v + 1] = tr[1];
         a[2 * q + 1][2 * v] = tr[2];

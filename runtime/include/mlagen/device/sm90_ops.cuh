@@ -138,6 +138,9 @@ MLAGEN_DEVICE void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// The copy form of prmt under the name both vendors' ops headers give it.
+MLAGEN_DEVICE uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t sel) { return __byte_perm(x, y, sel); }
+
 // prmt.b32 in its default mode: a selector nibble 0-7 copies that byte of {y:x}; 8-15 fills
 // the result byte with the sign (bit 7) of byte (nibble & 7). (__byte_perm documents only the
 // copy form, so the sign-replicating uses go through the instruction itself.)
