@@ -55,12 +55,17 @@ def load_tuning(path: str = TUNING_FILE) -> dict:
         return json.load(f)
 
 
+def generic_spec(arch: str, q_dtype: str, kv_dtype: str) -> KernelSpec:
+    """The generic kernel of a dtype pair (default tiles): what the runtime falls back to."""
+    return KernelSpec(arch, ANY, ANY, ANY, q_dtype, kv_dtype, **default_tiles(arch, kv_dtype))
+
+
 def heuristic_params(arch: str, batch: int, kv_len: int, kv_dtype: str = "fp8e4m3fn") -> dict:
     """Splits that fill the GPU without letting the partial outputs (32 KB a split, about
     56 tokens of fp8 KV) rival the KV bytes: at least 256 tokens a split."""
-    tiles = default_tiles(arch, kv_dtype)
-    target = KernelSpec(arch=arch, batch=ANY, kv_len=ANY, splits=ANY, kv_dtype=kv_dtype, **tiles).target_blocks
-    return dict(splits=heuristic_splits(target, batch, kv_len), **tiles)
+    generic = generic_spec(arch, "bf16", kv_dtype)  # the q format changes no tiling
+    return dict(splits=heuristic_splits(generic.target_blocks, batch, kv_len),
+                block_n=generic.block_n, stages=generic.stages)
 
 
 def heuristic_splits(target_blocks: int, batch: int, kv_len: int) -> int:
@@ -68,11 +73,6 @@ def heuristic_splits(target_blocks: int, batch: int, kv_len: int) -> int:
     half up, at least 1, at most one split per 256 tokens and 64 in all."""
     splits = max(1, int(target_blocks / batch + 0.5))
     return min(splits, max(1, kv_len // 256), 64)
-
-
-def generic_spec(arch: str, q_dtype: str, kv_dtype: str) -> KernelSpec:
-    """The generic kernel of a dtype pair (default tiles): what the runtime falls back to."""
-    return KernelSpec(arch, ANY, ANY, ANY, q_dtype, kv_dtype, **default_tiles(arch, kv_dtype))
 
 
 def params_for(arch: str, batch: int, kv_len: int, q_dtype: str, kv_dtype: str, tuning: dict) -> dict:

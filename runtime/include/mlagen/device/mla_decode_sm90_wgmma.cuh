@@ -22,7 +22,7 @@
 
 #if defined(MLAGEN_NVIDIA)
 // Experiments only (wrong results on purpose; .ci/gpu exp): bit 0 skips the S wgmmas, bit 1
-// the O wgmmas, bit 2 the proxy fence before P is read, bit 3 the one after a tile lands.
+// the O wgmmas.
 #ifndef MLAGEN_WG_EXP
 #define MLAGEN_WG_EXP 0
 #endif
@@ -227,7 +227,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
 
   for (int it = 0; it < ntiles; ++it) {
     cp_async_wait<ST - 2>();  // tile `it` landed (later ones may still fly)
-    if (!(MLAGEN_WG_EXP & 8)) fence_proxy_async_smem();
+    fence_proxy_async_smem();
     __syncthreads();  // ... for every thread; P, the maxima and tile it-1's slot are free
     issue_tile(it + ST - 1);
     const uint32_t tile = s_base + (it % ST) * L::kStageBytes;
@@ -300,7 +300,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
         for (int i = 0; i < 16; ++i) o[mb][i] *= alpha[2 * ((i / 4) % 2) + (i % 2)];
     uint32_t a0[8][4];  // V^T fragments of the first 32 tokens (S is dead: registers)
     v_frags(tile, 0, a0);
-    if (!(MLAGEN_WG_EXP & 4)) fence_proxy_async_smem();
+    fence_proxy_async_smem();
     __syncthreads();  // P complete
 
     // ---- O^T += V^T P^T: 2 k-steps of 32 tokens x 8 m64 blocks --------------------------
