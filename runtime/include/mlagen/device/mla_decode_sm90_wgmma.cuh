@@ -26,7 +26,15 @@
 #ifndef MLAGEN_WG_EXP
 #define MLAGEN_WG_EXP 0
 #endif
+// Experiments only (bench/breakdown.py trace): thread 0 of every block stores %globaltimer at
+// kTracePoints points of its run into the workspace, 32 MiB in (the caller makes it that big).
+#ifndef MLAGEN_WG_TRACE
+#define MLAGEN_WG_TRACE 0
+#endif
 namespace mlagen::device {
+
+constexpr int kTracePoints = 8;
+constexpr size_t kTraceOffset = size_t{32} << 20;
 
 template <int kStages_>
 struct WgLayout {
@@ -104,6 +112,13 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   const int ntiles = range.ntiles, tok_begin = range.tok_begin, tok_end = range.tok_end;
   const uint8_t* kv = p.kv + seq.kv_begin * p.kv_stride_bytes;
   const float kv_scale = kv_scale_of(p);
+  uint64_t* const trace = MLAGEN_WG_TRACE ? reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(p.errors) + kTraceOffset) +
+                                                kTracePoints * (static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x)
+                                          : nullptr;
+  auto mark = [&](int i) {
+    if (MLAGEN_WG_TRACE && tid == 0) trace[i] = global_timer_ns();
+  };
+  mark(0);
 
   // Tile j of the split into ring slot j % ST, one commit group a tile (empty past the end,
   // so the group count stays uniform). A warp instruction copies whole runs of rows, in
@@ -141,6 +156,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   };
 #pragma unroll
   for (int j = 0; j < ST - 1; ++j) issue_tile(j);
+  mark(1);
 
   // ---- Q hi / lo, once: thread -> head tid / 8, dims 72 (tid % 8) .. +71 --------------------
   const QQuant qq = q_setup<T::kQ>(p);
@@ -172,6 +188,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   }
   fence_proxy_async_smem();
   __syncthreads();
+  mark(2);
 
   // This thread's heads (columns of S^T and O^T): slot k -> head 8 (k / 2) + 2t + k % 2.
   const float s_scale = kv_scale * qq.scale * p.sm_scale * kLog2e;  // log2 domain
@@ -229,6 +246,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
     cp_async_wait<ST - 2>();  // tile `it` landed (later ones may still fly)
     fence_proxy_async_smem();
     __syncthreads();  // ... for every thread; P, the maxima and tile it-1's slot are free
+    if (it == 0) mark(3);
     issue_tile(it + ST - 1);
     const uint32_t tile = s_base + (it % ST) * L::kStageBytes;
 
@@ -251,6 +269,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_regs(s);
+    if (it == 0) mark(4);
 
     // ---- softmax: the per-head tile maxima meet in shared memory ---------------------------
     const int valid = tok_end - (tok_begin + it * BN);
@@ -324,8 +343,10 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
     wgmma_wait<0>();
 #pragma unroll
     for (int mb = 0; mb < 8; ++mb) wgmma_fence_regs(o[mb]);
+    if (it == 0) mark(5);
   }
   cp_async_wait<0>();
+  mark(6);
 
   // ---- epilogue: l over the 8 row lanes and the 4 warps -------------------------------------
 #pragma unroll
@@ -371,6 +392,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
     }
     if (splits > 1 && w == 0 && g == 0) p.part_ml[slot * kHeads + head[k]] = split_state(m[k], l[k], seq.bad);
   }
+  mark(7);
 }
 
 }  // namespace mlagen::device
