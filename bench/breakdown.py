@@ -111,13 +111,18 @@ def main(argv=None) -> int:
     if "trace" in parts:
         from mlagen import _Workspace
         offset, points = 32 << 20, 8
-        ws = _Workspace.get(dev, offset + (8 << 20))
+        # the plans key the shared workspace by q.device (cuda:0): grow that one before any
+        # traced call writes 32 MiB into it
+        q_dev = torch.empty(1, device=dev).device
+        _Workspace.get(q_dev, offset + (8 << 20))
+        res["library"] = mlagen._lib.library_path()
         res["trace"] = []
         for b, l, s in ((4, 1024, 16), (4, 8192, 16), (32, 1024, 4), (256, 512, 1), (256, 1024, 1), (32, 8192, 8)):
             x = C.make_inputs(b, l, 5, dev, keep_bf16=False)
             fn = call(x, kernel=generic, splits=s)
             fn()
-            ws = _Workspace.get(dev, offset + (8 << 20))
+            ws = mlagen._last_plan.workspace
+            assert ws.numel() >= offset + (8 << 20), "the plan's workspace is not the grown one"
             nblk = b * s
             region = ws[offset: offset + nblk * points * 8]
             runs = []
