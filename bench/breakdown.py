@@ -4,7 +4,8 @@ events around one Python call, median) next to the device time of each kernel
 
   floor     an empty Python call and a call that launches one tiny kernel;
   shapes    every leaderboard shape with its selected kernel: latency, decode / combine
-            kernel durations, the rest (launch gaps, host work not hidden);
+            kernel durations, the rest (launch gaps, host work not hidden); shapes_q8: the
+            same with fp8 q quantized in the call;
   tiles     one block per split at a fixed grid (batch 4, 16 splits) with 1, 2, 4, 8 tiles
             per block: the per-block fixed cost and the per-tile latency of a lone block;
   scaling   batch 256, one split, kv_len 512 .. 8192: the slope (steady-state bandwidth)
@@ -103,6 +104,8 @@ def main(argv=None) -> int:
         print(res["floor"], flush=True)
     if "shapes" in parts:
         res["shapes"] = [measure(b, l) for b, l in C.BENCH_SHAPES]
+    if "shapes_q8" in parts:  # fp8 q quantized in the call (amax pre-pass + decode + combine)
+        res["shapes_q8"] = [measure(b, l, q_dtype="fp8") for b, l in C.BENCH_SHAPES]
     if "tiles" in parts:
         res["tiles"] = [measure(4, 1024 * k, kernel=generic, splits=16) for k in (1, 2, 4, 8)]
         res["tiles"] += [measure(4, 1024, kernel=generic, splits=s) for s in (1, 2, 4, 8)]

@@ -88,29 +88,47 @@ MLAGEN_DEVICE float2 split_state(float m, float l, bool bad) { return make_float
 
 // Merges the splits of one (sequence, head): out = sum_s w_s O_s / sum_s w_s l_s with
 // w_s = 2^(m_s - max m), times the per-tensor KV scale where the kernel's path leaves it
-// to the end (fp8). 128 threads x 4 dims; grid = batch * 16.
+// to the end (fp8). 128 threads x 4 dims; grid = batch * 16. Launched as a dependent grid
+// (NVIDIA), it reads the call's own inputs while the decode grid still runs, then merges
+// online with the loads of 8 splits in flight at once: one L2 round trip per 8 splits after
+// the wait. A split flagged bad (NaN sum) makes the row NaN, as one split does.
 template <class T, class Shape>
 __global__ void __launch_bounds__(128) mla_combine_kernel(const Params p) {
+  constexpr int kGroup = 8;
   const int b = blockIdx.x / kHeads, h = blockIdx.x % kHeads;
-  wait_for_prior_grid();  // the decode grid's partials are complete and visible
   const int splits = Shape::splits(p);
   const int64_t slot0 = static_cast<int64_t>(b) * splits;
   const int64_t q_row = Shape::q_row(p, b);
-  float mmax = -INFINITY;
-  for (int s = 0; s < splits; ++s) mmax = fmaxf(mmax, p.part_ml[(slot0 + s) * kHeads + h].x);
-  float lsum = 0.f;
+  const float o_scale = T::kWide ? 1.f : kv_scale_of(p) * T::kVUnit;
+  wait_for_prior_grid();  // the decode grid's partials are complete and visible
+  float mmax = -INFINITY, lsum = 0.f;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  if (mmax != -INFINITY) {
-    for (int s = 0; s < splits; ++s) {
-      const float2 ml = p.part_ml[(slot0 + s) * kHeads + h];
-      const float w = fast_exp2(ml.x - mmax);
-      lsum += w * ml.y;
-      const float4 v = reinterpret_cast<const float4*>(p.part_o + ((slot0 + s) * kHeads + h) * kVDim)[threadIdx.x];
-      acc.x += w * v.x; acc.y += w * v.y; acc.z += w * v.z; acc.w += w * v.w;
+  bool bad = false;
+  for (int s0 = 0; s0 < splits; s0 += kGroup) {
+    float2 ml[kGroup];
+    float4 v[kGroup];
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j) {
+      const int64_t slot = slot0 + min(s0 + j, splits - 1);  // past the end: read again, skipped below
+      ml[j] = p.part_ml[slot * kHeads + h];
+      v[j] = reinterpret_cast<const float4*>(p.part_o + (slot * kHeads + h) * kVDim)[threadIdx.x];
+    }
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j) {
+      if (s0 + j >= splits) break;
+      bad |= ml[j].y != ml[j].y;
+      if (ml[j].x == -INFINITY) continue;  // no tokens: weight 0
+      const float mn = fmaxf(mmax, ml[j].x);
+      const float a = fast_exp2(mmax - mn), w = fast_exp2(ml[j].x - mn);  // a = 0 while mmax = -inf
+      lsum = lsum * a + w * ml[j].y;
+      acc.x = acc.x * a + w * v[j].x;
+      acc.y = acc.y * a + w * v[j].y;
+      acc.z = acc.z * a + w * v[j].z;
+      acc.w = acc.w * a + w * v[j].w;
+      mmax = mn;
     }
   }
-  const float o_scale = T::kWide ? 1.f : kv_scale_of(p) * T::kVUnit;
-  const float inv = lsum != lsum ? lsum : (lsum > 0.f ? o_scale / lsum : 0.f);  // NaN stays NaN
+  const float inv = bad || lsum != lsum ? quiet_nan() : (lsum > 0.f ? o_scale / lsum : 0.f);
   uint2 v;
   v.x = pack_bf16x2(acc.x * inv, acc.y * inv);
   v.y = pack_bf16x2(acc.z * inv, acc.w * inv);
