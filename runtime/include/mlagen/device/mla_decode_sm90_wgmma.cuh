@@ -154,26 +154,22 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
     }
     cp_async_commit();
   };
-  // q's stored words first (thread -> head tid / 8, dims 72 (tid % 8) .. +71), at the front of
-  // the memory queue: behind a full grid's first tiles they held every block ~4 us
-  // (docs/perf.md v4). Then every ring slot gets its tile; the loop refills from it = 1.
-  const int qh = tid / 8, qpart = tid % 8;
-  uint2 q_raw[18];
 #pragma unroll
-  for (int i = 0; i < 18; ++i) q_raw[i] = load_q4_raw<T::kQ>(p, seq.q_row, qh, 72 * qpart + 4 * i);
-#pragma unroll
-  for (int j = 0; j < ST; ++j) issue_tile(j);
+  for (int j = 0; j < ST - 1; ++j) issue_tile(j);
   mark(1);
 
-  // ---- Q hi / lo, once ---------------------------------------------------------------------
-  const QQuant qq = q_setup<T::kQ>(p);  // fp8 q quantized here: waits for the amax pre-pass
+  // ---- Q hi / lo, once: thread -> head tid / 8, 16-byte chunks 8 j + tid % 8 (j = 0..8) of
+  // its row, as two 4-value loads: the 8 lanes of a head read 128 contiguous bytes (a
+  // thread-contiguous 72-dim run put every lane of a load in its own line, docs/perf.md v4)
+  const QQuant qq = q_setup<T::kQ>(p);
   {
-    const int h = qh, part = qpart;
+    const int h = tid / 8, part = tid % 8;
+    auto dim_of = [&](int i) { return 8 * (8 * (i / 2) + part) + 4 * (i % 2); };  // value 4 i .. 4 i + 3
     float4 v[18];
     float amax = 0.f;
 #pragma unroll
     for (int i = 0; i < 18; ++i) {
-      v[i] = q4_from_raw<T::kQ>(qq, q_raw[i]);
+      v[i] = load_q4<T::kQ>(p, qq, seq.q_row, h, dim_of(i));
       amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[i].x), fabsf(v[i].y)), fmaxf(fabsf(v[i].z), fabsf(v[i].w))));
     }
 #pragma unroll
@@ -187,7 +183,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
       uint32_t hi01, lo01, hi23, lo23;
       split_e4m3(v[i].x * c, v[i].y * c, hi01, lo01);
       split_e4m3(v[i].z * c, v[i].w * c, hi23, lo23);
-      const int d = 72 * part + 4 * i;
+      const int d = dim_of(i);
       sts32(s_q + L::q_at(h, d), hi01 | (hi23 << 16));
       sts32(s_q + L::q_at(kHeads + h, d), lo01 | (lo23 << 16));
     }
@@ -250,16 +246,11 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   };
 
   for (int it = 0; it < ntiles; ++it) {
-    // ST + it groups committed (the prologue's ST, one an iteration): tile `it` has landed
-    // when at most ST - 1 are pending
-    cp_async_wait<ST - 1>();
+    cp_async_wait<ST - 2>();  // tile `it` landed (later ones may still fly)
     fence_proxy_async_smem();
     __syncthreads();  // ... for every thread; P, the maxima and tile it-1's slot are free
     if (it == 0) mark(3);
-    if (it > 0)
-      issue_tile(it + ST - 1);  // into slot (it - 1) % ST
-    else
-      cp_async_commit();  // (the prologue filled every slot)
+    issue_tile(it + ST - 1);
     const uint32_t tile = s_base + (it % ST) * L::kStageBytes;
 
     // ---- S^T for the tile's 64 tokens: 18 k-steps of 32 dims -------------------------------
