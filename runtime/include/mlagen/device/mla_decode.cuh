@@ -164,6 +164,7 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
     if (s < ntiles) issue_tile(s, s);
     cp_async_commit();
   }
+  touch_results(p, seq.q_row, static_cast<int64_t>(b) * splits + split, splits);
 
   // The query after the KV prologue: an fp8 q quantized here waits for its pre-pass.
   const QQuant qq = q_setup<T::kQ>(p);
@@ -353,6 +354,7 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
     if (s < ntiles) issue_tile(s, s);
     cp_async_commit();
   }
+  touch_results(p, seq.q_row, static_cast<int64_t>(b) * splits + split, splits);
 
   const QQuant qq = q_setup<T::kQ>(p);  // after the KV prologue (see decode_fp8)
   const float s_scale = qq.scale * p.sm_scale * kLog2e;  // log2 domain
