@@ -199,19 +199,33 @@ MLAGEN_DEVICE QQuant q_setup(const Params& p) {
   }
 }
 
-// Four consecutive query dims as fp32: bf16 exact; fp8 exact in units of the scale.
+// The stored words of q values dim .. dim + 3 of a head: bf16 x4 (8 bytes), or fp8 x4 in .x
+// when q arrives quantized. Apart from their conversion (q4_from_raw) so that a kernel can
+// issue them before q_setup waits for the amax pre-pass: q is an input, not its result.
 template <QFormat QF>
-MLAGEN_DEVICE float4 load_q4(const Params& p, const QQuant& qq, int64_t q_row, int head, int dim) {
+MLAGEN_DEVICE uint2 load_q4_raw(const Params& p, int64_t q_row, int head, int dim) {
   const int64_t at = q_row * p.q_stride_token + head * p.q_stride_head + dim;
-  if (QF == QFormat::kFp8 && !qq.quantize)
-    return fp8x4_to_float4(*reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(p.q) + at));
-  const uint2 v = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(p.q) + at);
+  if (QF == QFormat::kFp8 && p.q_amax_parts == 0)  // fp8 q as given (q_setup: !quantize)
+    return make_uint2(*reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(p.q) + at), 0u);
+  return *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(p.q) + at);
+}
+
+// Four consecutive query dims as fp32 from their stored words: bf16 exact; fp8 exact in
+// units of the scale (quantized here when qq.quantize).
+template <QFormat QF>
+MLAGEN_DEVICE float4 q4_from_raw(const QQuant& qq, uint2 v) {
+  if (QF == QFormat::kFp8 && !qq.quantize) return fp8x4_to_float4(v.x);
   float4 f = make_float4(bf16_lo(v.x), bf16_hi(v.x), bf16_lo(v.y), bf16_hi(v.y));
   if (QF == QFormat::kFp8) {
     auto q8 = [&](float x) { return round_fp8(fminf(fmaxf(div_round_bf16(x, qq.scale, qq.inv), -kFp8Max), kFp8Max)); };
     f = make_float4(q8(f.x), q8(f.y), q8(f.z), q8(f.w));
   }
   return f;
+}
+
+template <QFormat QF>
+MLAGEN_DEVICE float4 load_q4(const Params& p, const QQuant& qq, int64_t q_row, int head, int dim) {
+  return q4_from_raw<QF>(qq, load_q4_raw<QF>(p, q_row, head, dim));
 }
 
 // The pre-pass of fp8 q quantized here: block i writes max|q| over rows i, i + grid, ...

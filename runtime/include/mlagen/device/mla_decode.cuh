@@ -166,7 +166,14 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
   }
   touch_results(p, seq.q_row, static_cast<int64_t>(b) * splits + split, splits);
 
-  // The query after the KV prologue: an fp8 q quantized here waits for its pre-pass.
+  // The query after the KV prologue; its words are loaded before an fp8 q quantized here
+  // waits for its pre-pass (q is an input of the call, not a result of the pre-pass).
+  uint2 q_raw[T::kQkChunksPerWarp][2];
+#pragma unroll
+  for (int c = 0; c < T::kQkChunksPerWarp; ++c)
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      q_raw[c][r] = load_q4_raw<T::kQ>(p, seq.q_row, g + 8 * r, (warp * T::kQkChunksPerWarp + c) * 16 + 4 * t);
   const QQuant qq = q_setup<T::kQ>(p);
   const float s_scale = kv_scale * qq.scale * kKDecodeScale * p.sm_scale * kLog2e;  // log2 domain
   // Q as f16 A fragments for this warp's 144 dims. The k order inside each 16-dim chunk
@@ -175,10 +182,9 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
   uint32_t qf[T::kQkChunksPerWarp][4];
 #pragma unroll
   for (int c = 0; c < T::kQkChunksPerWarp; ++c) {
-    const int d = (warp * T::kQkChunksPerWarp + c) * 16 + 4 * t;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float4 v = load_q4<T::kQ>(p, qq, seq.q_row, g + 8 * r, d);
+      const float4 v = q4_from_raw<T::kQ>(qq, q_raw[c][r]);
       qf[c][r] = pack_f16x2(v.x, v.y);
       qf[c][r + 2] = pack_f16x2(v.z, v.w);
     }
@@ -356,19 +362,28 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
   }
   touch_results(p, seq.q_row, static_cast<int64_t>(b) * splits + split, splits);
 
-  const QQuant qq = q_setup<T::kQ>(p);  // after the KV prologue (see decode_fp8)
+  // q's words before q_setup (see decode_fp8): two 4-dim loads a row cover dims 2t..2t+1
+  // and 2t+8..2t+9 (and their neighbours) of each 16-dim chunk
+  uint2 q_raw[T::kQkChunksPerWarp][2][2];
+#pragma unroll
+  for (int c = 0; c < T::kQkChunksPerWarp; ++c)
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int hl = 0; hl < 2; ++hl)
+        q_raw[c][r][hl] = load_q4_raw<T::kQ>(p, seq.q_row, g + 8 * r,
+                                             (warp * T::kQkChunksPerWarp + c) * 16 + 8 * hl + 4 * (t >> 1));
+  const QQuant qq = q_setup<T::kQ>(p);  // after the KV prologue and the q loads
   const float s_scale = qq.scale * p.sm_scale * kLog2e;  // log2 domain
   // Q as bf16 A fragments, natural k order: a[0] = Q[g][2t, 2t+1], a[1] = Q[g+8][2t, 2t+1],
   // a[2] = Q[g][2t+8, 2t+9], a[3] = Q[g+8][2t+8, 2t+9] of each 16-dim chunk.
   uint32_t qf[T::kQkChunksPerWarp][4];
 #pragma unroll
   for (int c = 0; c < T::kQkChunksPerWarp; ++c) {
-    const int d = (warp * T::kQkChunksPerWarp + c) * 16;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      // two 4-dim loads cover dims 2t..2t+1 and 2t+8..2t+9 (and their neighbours)
-      const float4 lo = load_q4<T::kQ>(p, qq, seq.q_row, g + 8 * r, d + 4 * (t >> 1));
-      const float4 hi = load_q4<T::kQ>(p, qq, seq.q_row, g + 8 * r, d + 8 + 4 * (t >> 1));
+      const float4 lo = q4_from_raw<T::kQ>(qq, q_raw[c][r][0]);
+      const float4 hi = q4_from_raw<T::kQ>(qq, q_raw[c][r][1]);
       const bool odd = t & 1;
       qf[c][r] = pack_bf16x2_rn(odd ? lo.z : lo.x, odd ? lo.w : lo.y);
       qf[c][r + 2] = pack_bf16x2_rn(odd ? hi.z : hi.x, odd ? hi.w : hi.y);

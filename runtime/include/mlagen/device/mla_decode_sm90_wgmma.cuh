@@ -162,15 +162,19 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   // ---- Q hi / lo, once: thread -> head tid / 8, 16-byte chunks 8 j + tid % 8 (j = 0..8) of
   // its row, as two 4-value loads: the 8 lanes of a head read 128 contiguous bytes (a
   // thread-contiguous 72-dim run put every lane of a load in its own line, docs/perf.md v4)
+  // (the loads go out before q_setup, which waits for the amax pre-pass of an fp8 q)
+  const int h = tid / 8, part = tid % 8;
+  auto dim_of = [&](int i) { return 8 * (8 * (i / 2) + part) + 4 * (i % 2); };  // value 4 i .. 4 i + 3
+  uint2 q_raw[18];
+#pragma unroll
+  for (int i = 0; i < 18; ++i) q_raw[i] = load_q4_raw<T::kQ>(p, seq.q_row, h, dim_of(i));
   const QQuant qq = q_setup<T::kQ>(p);
   {
-    const int h = tid / 8, part = tid % 8;
-    auto dim_of = [&](int i) { return 8 * (8 * (i / 2) + part) + 4 * (i % 2); };  // value 4 i .. 4 i + 3
     float4 v[18];
     float amax = 0.f;
 #pragma unroll
     for (int i = 0; i < 18; ++i) {
-      v[i] = load_q4<T::kQ>(p, qq, seq.q_row, h, dim_of(i));
+      v[i] = q4_from_raw<T::kQ>(qq, q_raw[i]);
       amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[i].x), fabsf(v[i].y)), fmaxf(fabsf(v[i].z), fabsf(v[i].w))));
     }
 #pragma unroll
