@@ -229,7 +229,7 @@ MLAGEN_DEVICE float4 load_q4(const Params& p, const QQuant& qq, int64_t q_row, i
 }
 
 // The pre-pass of fp8 q quantized here: block i writes max|q| over rows i, i + grid, ...
-// in 16-byte loads, four in flight a thread. kThreads threads; grid = min(total_q,
+// in 16-byte loads, all of them in flight at once. kThreads threads; grid = min(total_q,
 // kQAmaxParts). (A template: one definition however many generated files include it.)
 MLAGEN_DEVICE float absmax_bf16x8(uint4 v) {
   const float a = fmaxf(fmaxf(fabsf(bf16_lo(v.x)), fabsf(bf16_hi(v.x))), fmaxf(fabsf(bf16_lo(v.y)), fabsf(bf16_hi(v.y))));
@@ -242,18 +242,23 @@ __global__ void __launch_bounds__(kThreads) q_amax_kernel(const Params p) {
   constexpr int kChunks = kHeads * kQkDim / 8;  // 16-byte pieces of a q row (1152)
   const uint16_t* q = static_cast<const uint16_t*>(p.q);
   float m = 0.f;
-  for (int64_t r = blockIdx.x; r < p.total_q; r += gridDim.x) {
-    auto piece = [&](int i) {
-      const int h = i / (kQkDim / 8), d = 8 * (i % (kQkDim / 8));
-      return *reinterpret_cast<const uint4*>(q + r * p.q_stride_token + h * p.q_stride_head + d);
-    };
-    for (int i = threadIdx.x; i < kChunks; i += 4 * kThreads) {
-      uint4 v[4];
+  // the block's rows blockIdx.x, + grid, ... as one run of pieces, kInFlight loads a thread
+  // at a time: one round trip for up to 3.5 rows a block (two rows at most for total_q <= 480)
+  constexpr int kInFlight = 16;
+  const int64_t rows = blockIdx.x < p.total_q ? (p.total_q - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+  const int64_t pieces = rows * kChunks;
+  auto piece = [&](int64_t j) {
+    const int64_t r = blockIdx.x + (j / kChunks) * gridDim.x;
+    const int i = static_cast<int>(j % kChunks);
+    const int h = i / (kQkDim / 8), d = 8 * (i % (kQkDim / 8));
+    return *reinterpret_cast<const uint4*>(q + r * p.q_stride_token + h * p.q_stride_head + d);
+  };
+  for (int64_t j0 = threadIdx.x; j0 < pieces; j0 += kInFlight * kThreads) {
+    uint4 v[kInFlight];
 #pragma unroll
-      for (int u = 0; u < 4; ++u) v[u] = i + u * kThreads < kChunks ? piece(i + u * kThreads) : make_uint4(0, 0, 0, 0);
+    for (int u = 0; u < kInFlight; ++u) v[u] = j0 + u * kThreads < pieces ? piece(j0 + u * kThreads) : make_uint4(0, 0, 0, 0);
 #pragma unroll
-      for (int u = 0; u < 4; ++u) m = fmaxf(m, absmax_bf16x8(v[u]));
-    }
+    for (int u = 0; u < kInFlight; ++u) m = fmaxf(m, absmax_bf16x8(v[u]));
   }
   __shared__ float red[kThreads / MLAGEN_WARP_SIZE];
   for (int o = MLAGEN_WARP_SIZE / 2; o > 0; o /= 2) m = fmaxf(m, __shfl_xor(m, o));
