@@ -146,15 +146,21 @@ def test_indptr_disagreeing_with_uniform_config_is_flagged():
     mlagen.check_device_errors()  # cleared
 
 
-def test_indptr_past_total_kv_is_flagged_by_the_generic_kernel():
+@pytest.mark.parametrize("splits", [1, 3])  # 3: the flagged row goes through the combine
+def test_indptr_past_total_kv_is_flagged_by_the_generic_kernel(splits):
     inp = make_inputs([100, 200, 300], fresh_seed())
-    bad = inp["kv_indptr"].clone()
+    good = inp["kv_indptr"].clone()
+    bad = good.clone()
     bad[3] = 10_000
     inp["kv_indptr"] = bad
-    out, _ = run(inp)
+    out, ran = run(inp, splits=splits)
+    assert ran["splits"] == splits
     assert torch.isnan(out[2].float()).all() and torch.isfinite(out[:2].float()).all()
     with pytest.raises(mlagen.MlagenError, match="kv_indptr"):
         mlagen.check_device_errors()
+    inp["kv_indptr"] = good  # the unflagged rows are the right ones
+    ref, _ = run(inp, splits=splits)
+    assert torch.equal(out[:2], ref[:2])
 
 
 @pytest.mark.parametrize("mutate,msg", [
