@@ -107,6 +107,7 @@ BAD = [
     (dict(q=0x1002), "q: address .* not 8-byte aligned"),
     (dict(kv_stride_token=580), "kv_stride_token=580"),
     (dict(kv_stride_token=512), "kv_stride_token=512"),
+    (dict(kv_stride_token=(1 << 24) + 16), "kv_stride_token=16777232: expected at most 16777216"),
     (dict(out_stride_head=500), "out_stride_head=500"),
     (dict(out_stride_token=512), "out_stride_token=512"),
     (dict(q_dtype=9), "q_dtype=9"),

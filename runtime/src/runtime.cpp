@@ -112,6 +112,9 @@ mlagen_status validate(const mlagen_problem* p) {
   MLAGEN_EXPECT(p->kv_stride_token >= row && p->kv_stride_token % unit == 0,
                 "kv_stride_token=%lld: expected a multiple of %lld that is >= %lld (%s: one row per token, dims "
                 "contiguous)", (long long)p->kv_stride_token, (long long)unit, (long long)row, dtype_name(p->kv_dtype));
+  // kernels step 64 rows of a tile with 32-bit offsets (mla_decode_sm90_wgmma.cuh)
+  MLAGEN_EXPECT(p->kv_stride_token <= (int64_t{1} << 24), "kv_stride_token=%lld: expected at most %lld elements",
+                (long long)p->kv_stride_token, (long long)(int64_t{1} << 24));
   MLAGEN_EXPECT(aligned(p->out, 16), "out: address %p not 16-byte aligned", p->out);
   MLAGEN_EXPECT(p->out_stride_head >= p->v_dim && p->out_stride_head % 8 == 0,
                 "out_stride_head=%lld: expected a multiple of 8 that is >= 512", (long long)p->out_stride_head);

@@ -132,24 +132,42 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   const int rr = lane / 4, c4 = lane % 4;  // rope part: row % 8, chunk
   const uint32_t dst_rope = L::kRopeOffset + w * 512 + rr * 64 + ((c4 ^ (rr / 2)) * 16);
   const int row_rope = 8 * w + rr;
+  // A whole tile (every tile but a split's last, short one) takes the fast path: per thread
+  // one 64-bit base a tile, a 32-bit row step, immediates for the rest, no predicates (the
+  // general path spent ~200 instructions a warp and tile on addresses, docs/perf.md v4).
+  const int64_t stride = p.kv_stride_bytes;
+  const uint32_t src_main = static_cast<uint32_t>(row_main * stride) + c8 * 16;  // < 2^31: rows < 64
+  const uint32_t src_rope = static_cast<uint32_t>(row_rope * stride) + 512 + c4 * 16;
+  const uint32_t step16 = static_cast<uint32_t>(16 * stride);
   auto issue_tile = [&](int j) {
     if (j < ntiles) {
       const int tok0 = tok_begin + j * BN;
       const int rows_left = tok_end - tok0;
       const uint32_t dst = s_base + (j % ST) * L::kStageBytes;
-      const uint8_t* base = kv + static_cast<int64_t>(tok0) * p.kv_stride_bytes;
+      const uint8_t* base = kv + static_cast<int64_t>(tok0) * stride;
+      if (rows_left >= BN) {
 #pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        const int row = 16 * (i / 4) + row_main;
-        const bool ok = row < rows_left;
-        cp_async_16(dst + dst_main + (i % 4) * L::kAtom128Bytes + (i / 4) * 2048,
-                    ok ? base + static_cast<int64_t>(row) * p.kv_stride_bytes + (i % 4) * 128 + c8 * 16 : kv, ok);
-      }
+        for (int k = 0; k < 4; ++k) {  // rows 16 k + row_main
+          const uint8_t* src = base + (src_main + k * step16);
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int row = 32 * i + row_rope;
-        const bool ok = row < rows_left;
-        cp_async_16(dst + dst_rope + i * 2048, ok ? base + static_cast<int64_t>(row) * p.kv_stride_bytes + 512 + c4 * 16 : kv, ok);
+          for (int a = 0; a < 4; ++a) cp_async_16_full(dst + dst_main + a * L::kAtom128Bytes + k * 2048, src + a * 128);
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i) cp_async_16_full(dst + dst_rope + i * 2048, base + (src_rope + 2 * i * step16));
+      } else {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          const int row = 16 * (i / 4) + row_main;
+          const bool ok = row < rows_left;
+          cp_async_16(dst + dst_main + (i % 4) * L::kAtom128Bytes + (i / 4) * 2048,
+                      ok ? base + static_cast<int64_t>(row) * stride + (i % 4) * 128 + c8 * 16 : kv, ok);
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int row = 32 * i + row_rope;
+          const bool ok = row < rows_left;
+          cp_async_16(dst + dst_rope + i * 2048, ok ? base + static_cast<int64_t>(row) * stride + 512 + c4 * 16 : kv, ok);
+        }
       }
     }
     cp_async_commit();

@@ -30,6 +30,10 @@ MLAGEN_DEVICE void cp_async_16_partial(uint32_t dst, const void* src, int bytes)
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
 }
 MLAGEN_DEVICE void cp_async_16(uint32_t dst, const void* src, bool pred) { cp_async_16_partial(dst, src, pred ? 16 : 0); }
+// All 16 bytes (no source-size operand).
+MLAGEN_DEVICE void cp_async_16_full(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
 MLAGEN_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 MLAGEN_DEVICE void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
