@@ -40,14 +40,17 @@ struct TileGeometry {
 };
 
 // 4x4 byte transpose: out[u] = byte u of w[0..3], w[0]'s in the low byte (V^T fragments of
-// the fp8 kernels, both vendors).
-MLAGEN_DEVICE void transpose4x4(const uint32_t (&w)[4], uint32_t (&out)[4]) {
+// the fp8 kernels, both vendors). The second stage's selectors may swap the word pairs
+// (sel_even = 0x1054, sel_odd = 0x3276): out[u] then holds byte u of w[2], w[3], w[0], w[1]
+// in that order, at no extra instruction (the sm90 warpgroup kernel's rotated loads).
+MLAGEN_DEVICE void transpose4x4(const uint32_t (&w)[4], uint32_t (&out)[4], uint32_t sel_even = 0x5410,
+                                uint32_t sel_odd = 0x7632) {
   const uint32_t lo01 = byte_perm(w[0], w[1], 0x5140), hi01 = byte_perm(w[0], w[1], 0x7362);
   const uint32_t lo23 = byte_perm(w[2], w[3], 0x5140), hi23 = byte_perm(w[2], w[3], 0x7362);
-  out[0] = byte_perm(lo01, lo23, 0x5410);
-  out[1] = byte_perm(lo01, lo23, 0x7632);
-  out[2] = byte_perm(hi01, hi23, 0x5410);
-  out[3] = byte_perm(hi01, hi23, 0x7632);
+  out[0] = byte_perm(lo01, lo23, sel_even);
+  out[1] = byte_perm(lo01, lo23, sel_odd);
+  out[2] = byte_perm(hi01, hi23, sel_even);
+  out[3] = byte_perm(hi01, hi23, sel_odd);
 }
 
 // Split `split` of `splits` over a sequence of seq_len tokens, in whole tiles of block_n.

@@ -241,15 +241,16 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
 
   // V^T loads: lane (g, t) reads token 4t + i' with i' = (i + rot) % 4 at step i, so the 32
   // lanes of a load hit 32 distinct banks (bank = 4 ((2w + g / 4) ^ ((4t + i') % 8)) + g % 4,
-  // checked exhaustively); a byte rotation after the transpose puts the tokens back in order.
+  // checked exhaustively); the transpose's second stage puts the tokens back in order (for
+  // rot = 2 load i holds token (i + 2) % 4: the word pairs swap there; checked in Python).
   const int rot = 2 * (t / 2);
-  const uint32_t unrot = (0x3210u | 0x32100000u) >> (4 * ((4 - rot) & 3)) & 0xffffu;
+  const uint32_t sel_even = rot ? 0x1054u : 0x5410u, sel_odd = rot ? 0x3276u : 0x7632u;
   uint32_t voff[4];  // the lane's part of load i's address (the rest is a compile-time offset)
 #pragma unroll
   for (int i = 0; i < 4; ++i) voff[i] = L::kv_at(4 * t + ((i + rot) & 3), 32 * w + 4 * g);
   // V^T fragments of k-step ks (32 tokens), m64 blocks 2q, 2q+1: lane (g, t) of warp w holds
   // the dims 128 q + 32 w + 4 g + {0, 1 | 2, 3} (rows g, g+8 of each block) of tokens
-  // 32 ks + 16 v + 4t .. +3: four 4-byte loads, one 4x4 byte transpose, one rotation.
+  // 32 ks + 16 v + 4t .. +3: four 4-byte loads, one 4x4 byte transpose (8 prmt).
   auto v_frags = [&](uint32_t tile, int ks, uint32_t (&a)[8][4]) {
 #pragma unroll
     for (int q = 0; q < 4; ++q)
@@ -258,9 +259,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
         uint32_t wv[4], tr[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) wv[i] = lds32(tile + voff[i] + q * L::kAtom128Bytes + (4 * ks + 2 * v) * 1024);
-        transpose4x4(wv, tr);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) tr[j] = byte_perm(tr[j], 0u, unrot);
+        transpose4x4(wv, tr, sel_even, sel_odd);
         a[2 * q][2 * v] = tr[0];
         a[2 * q][2 * v + 1] = tr[1];
         a[2 * q + 1][2 * v] = tr[2];
@@ -273,7 +272,6 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
     fence_proxy_async_smem();
     __syncthreads();  // ... for every thread; P, the maxima and tile it-1's slot are free
     if (it == 0) mark(3);
-    issue_tile(it + ST - 1);
     const uint32_t tile = s_base + (it % ST) * L::kStageBytes;
 
     // ---- S^T for the tile's 64 tokens: 18 k-steps of 32 dims -------------------------------
@@ -293,6 +291,9 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
                                       : wgmma_desc_advance(rope_desc, (ks - 16) * 32),
                               wgmma_desc_advance(q_desc, 2 * ks * L::kQLbo), ks > 0);
     wgmma_commit();
+    // the next tile's copies go out while the tensor cores run S (slot (it - 1) % ST, which
+    // every thread is done with since the barrier above; S reads slot it % ST)
+    issue_tile(it + ST - 1);
     wgmma_wait<0>();
     wgmma_fence_regs(s);
     if (it == 0) mark(4);
