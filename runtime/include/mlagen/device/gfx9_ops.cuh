@@ -39,9 +39,6 @@ MLAGEN_DEVICE float fast_exp2(float x) { return __builtin_exp2f(x); }
 // No programmatic dependent launch on AMD: the combine kernel is stream-ordered.
 MLAGEN_DEVICE void allow_dependent_launch() {}
 MLAGEN_DEVICE void wait_for_prior_grid() {}
-// Not measured on AMD yet: a no-op there (a volatile load would do it, at the cost of a
-// wait at the next barrier).
-MLAGEN_DEVICE void prefetch_l2(const void*) {}
 
 // PTX prmt semantics (result byte k = byte sel_k of {y:x}, 0-3 from x, 4-7 from y, one
 // selector NIBBLE a byte) on v_perm_b32, whose operands come the other way round and whose

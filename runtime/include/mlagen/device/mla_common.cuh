@@ -86,19 +86,6 @@ MLAGEN_DEVICE float out_scale(float l, float o_scale, bool bad) {
   return bad ? quiet_nan() : (l > 0.f ? o_scale / l : 0.f);
 }
 
-// Warms the address translation of what a block writes last (its output row, or its split's
-// partials) while its first loads fly: after the leaderboard's L2 flush a store to a page
-// whose translation is cold costs a page walk at the very end (docs/perf.md v4).
-MLAGEN_DEVICE void touch_results(const Params& p, int64_t q_row, int64_t slot, int splits) {
-  if (threadIdx.x != 0) return;
-  if (splits == 1) {
-    prefetch_l2(p.out + q_row * p.out_stride_token);
-  } else {
-    prefetch_l2(p.part_o + slot * kHeads * kVDim);
-    prefetch_l2(p.part_ml + slot * kHeads);
-  }
-}
-
 // What a split leaves for the combine: (running max, running sum); NaN sum when flagged.
 MLAGEN_DEVICE float2 split_state(float m, float l, bool bad) { return make_float2(m, bad ? quiet_nan() : l); }
 
@@ -116,7 +103,6 @@ __global__ void __launch_bounds__(128) mla_combine_kernel(const Params p) {
   const int64_t slot0 = static_cast<int64_t>(b) * splits;
   const int64_t q_row = Shape::q_row(p, b);
   const float o_scale = T::kWide ? 1.f : kv_scale_of(p) * T::kVUnit;
-  if (threadIdx.x == 0) prefetch_l2(p.out + q_row * p.out_stride_token + h * p.out_stride_head);
   wait_for_prior_grid();  // the decode grid's partials are complete and visible
   float mmax = -INFINITY, lsum = 0.f;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);

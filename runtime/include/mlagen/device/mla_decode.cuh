@@ -164,7 +164,6 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
     if (s < ntiles) issue_tile(s, s);
     cp_async_commit();
   }
-  touch_results(p, seq.q_row, static_cast<int64_t>(b) * splits + split, splits);
 
   // The query after the KV prologue; its words are loaded before an fp8 q quantized here
   // waits for its pre-pass (q is an input of the call, not a result of the pre-pass).
@@ -360,7 +359,6 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
     if (s < ntiles) issue_tile(s, s);
     cp_async_commit();
   }
-  touch_results(p, seq.q_row, static_cast<int64_t>(b) * splits + split, splits);
 
   // q's words before q_setup (see decode_fp8): two 4-dim loads a row cover dims 2t..2t+1
   // and 2t+8..2t+9 (and their neighbours) of each 16-dim chunk

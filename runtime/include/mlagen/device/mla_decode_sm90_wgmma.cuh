@@ -175,7 +175,6 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
 #pragma unroll
   for (int j = 0; j < ST - 1; ++j) issue_tile(j);
   mark(1);
-  touch_results(p, seq.q_row, static_cast<int64_t>(b) * splits + split, splits);
 
   // ---- Q hi / lo, once: thread -> head tid / 8, 16-byte chunks 8 j + tid % 8 (j = 0..8) of
   // its row, as two 4-value loads: the 8 lanes of a head read 128 contiguous bytes (a

@@ -191,9 +191,6 @@ MLAGEN_DEVICE float fast_exp2(float x) {
 MLAGEN_DEVICE void allow_dependent_launch() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 MLAGEN_DEVICE void wait_for_prior_grid() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 
-// Fetches the line at p into L2 (no register, no fault); used to warm an address translation.
-MLAGEN_DEVICE void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
-
 
 // ---- Warpgroup MMA (sm_90a only) ---------------------------------------------------------
 // wgmma runs on a warpgroup (4 warps, 128 threads); every call below must be reached by
