@@ -205,9 +205,14 @@ MLAGEN_DEVICE QQuant q_setup(const Params& p) {
 template <QFormat QF>
 MLAGEN_DEVICE uint2 load_q4_raw(const Params& p, int64_t q_row, int head, int dim) {
   const int64_t at = q_row * p.q_stride_token + head * p.q_stride_head + dim;
-  if (QF == QFormat::kFp8 && p.q_amax_parts == 0)  // fp8 q as given (q_setup: !quantize)
-    return make_uint2(*reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(p.q) + at), 0u);
-  return *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(p.q) + at);
+  uint2 w;
+  if (QF == QFormat::kFp8 && p.q_amax_parts == 0) {  // fp8 q as given (q_setup: !quantize)
+    w.x = *reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(p.q) + at);
+    w.y = 0u;
+  } else {
+    w = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(p.q) + at);
+  }
+  return w;
 }
 
 // Four consecutive query dims as fp32 from their stored words: bf16 exact; fp8 exact in
