@@ -164,15 +164,13 @@ def test_small_values_match_exactly(fmt, lens):
     assert torch.equal(out, expect), f"seed {seed}: max diff {(out.float() - expect.float()).abs().max().item()}"
 
 
-@pytest.mark.parametrize("batch", [3, 9], ids=["amax_in_block", "amax_prepass"])
 @pytest.mark.parametrize("spread", ["normal", "wide"])
-def test_fp8_q_quantized_on_the_device_matches_the_recipe(spread, batch):
-    """The device's max|q| (found by each decode block for a small q, batch <= 4 on NVIDIA, else
-    by the pre-pass grid) + in-kernel quantization of a bf16 q must give the recipe's fp8 q
+def test_fp8_q_quantized_on_the_device_matches_the_recipe(spread):
+    """The device pre-pass + in-kernel quantization of a bf16 q must give the recipe's fp8 q
     and scale bit for bit (mlagen.quant.quantize_q_fp8): same output as passing those in.
     "wide" spreads |q| over ~2^-20..2^10 so fp8 subnormals and saturation are exercised."""
     seed = fresh_seed()
-    inp = with_formats(make_inputs([512] * batch, seed))
+    inp = with_formats(make_inputs([512] * 3, seed))
     if spread == "wide":
         g = torch.Generator(device="cuda").manual_seed(seed)
         mag = torch.exp2(torch.randint(-20, 11, inp["q"].shape, generator=g, device="cuda").float())

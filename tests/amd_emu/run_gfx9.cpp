@@ -43,9 +43,6 @@ void launch(Kernel kernel, int gx, int gy, int threads, const Params& p) {
           threadIdx.x = t;
           blockIdx.x = bx;
           blockIdx.y = by;
-          blockDim.x = threads;
-          gridDim.x = gx;
-          gridDim.y = gy;
           emu_lane = t % 64;
           emu_wave = t / 64;
           kernel(p);

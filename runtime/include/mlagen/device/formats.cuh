@@ -180,64 +180,20 @@ MLAGEN_DEVICE float div_round_bf16(float x, float scale, float inv) {
   return round_bf16(y);
 }
 
-MLAGEN_DEVICE float absmax_bf16x8(uint4 v) {
-  const float a = fmaxf(fmaxf(fabsf(bf16_lo(v.x)), fabsf(bf16_hi(v.x))), fmaxf(fabsf(bf16_lo(v.y)), fabsf(bf16_hi(v.y))));
-  const float b = fmaxf(fmaxf(fabsf(bf16_lo(v.z)), fabsf(bf16_hi(v.z))), fmaxf(fabsf(bf16_lo(v.w)), fabsf(bf16_hi(v.w))));
-  return fmaxf(a, b);
-}
-
-// max|q| over all of q by one block (every thread gets it): for a small q (total_q <=
-// kQAmaxSelfRows, a few KB a thread from L2 after the first block's reads) each decode block
-// finds it itself, with no pre-pass grid to wait for (p.q_amax_parts < 0). bf16 q, 16-byte
-// aligned rows (the runtime checks both when it quantizes).
-constexpr int kQAmaxSelfRows = 4;
-MLAGEN_DEVICE float block_q_amax(const Params& p) {
-  constexpr int kChunks = kHeads * kQkDim / 8;  // 16-byte pieces of a q row (1152)
-  constexpr int kInFlight = 12;
-  const uint16_t* q = static_cast<const uint16_t*>(p.q);
-  const int64_t pieces = p.total_q * kChunks;
-  float m = 0.f;
-  for (int64_t j0 = threadIdx.x; j0 < pieces; j0 += kInFlight * blockDim.x) {
-    uint4 v[kInFlight];
-#pragma unroll
-    for (int u = 0; u < kInFlight; ++u) {
-      const int64_t j = j0 + u * static_cast<int64_t>(blockDim.x);
-      const int64_t r = j / kChunks;
-      const int i = static_cast<int>(j % kChunks), h = i / (kQkDim / 8), d = 8 * (i % (kQkDim / 8));
-      v[u] = j < pieces ? *reinterpret_cast<const uint4*>(q + r * p.q_stride_token + h * p.q_stride_head + d)
-                        : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int u = 0; u < kInFlight; ++u) m = fmaxf(m, absmax_bf16x8(v[u]));
-  }
-  __shared__ float red[1024 / MLAGEN_WARP_SIZE];
-  for (int o = MLAGEN_WARP_SIZE / 2; o > 0; o /= 2) m = fmaxf(m, __shfl_xor(m, o));
-  if (threadIdx.x % MLAGEN_WARP_SIZE == 0) red[threadIdx.x / MLAGEN_WARP_SIZE] = m;
-  __syncthreads();
-  m = red[0];
-  for (int w = 1; w < static_cast<int>(blockDim.x) / MLAGEN_WARP_SIZE; ++w) m = fmaxf(m, red[w]);
-  return m;
-}
-
-// Once per block (every thread), before the first load_q4. When quantizing, either finds
-// max|q| itself (small q) or waits for the pre-pass grid (programmatic dependent launch on
-// NVIDIA: the KV prologue and q's own loads were issued before this).
+// Once per block, before the first load_q4. When quantizing, waits for the pre-pass grid
+// (programmatic dependent launch on NVIDIA: the KV prologue was issued before this).
 template <QFormat QF>
 MLAGEN_DEVICE QQuant q_setup(const Params& p) {
   if constexpr (QF == QFormat::kBf16) {
     return QQuant{1.f, false, 1.f};
   } else {
     if (p.q_amax_parts == 0) return QQuant{*p.q_scale, false, 1.f};
+    wait_for_prior_grid();
+    // every warp reduces the pre-pass maxima itself (a few loads a lane, then shuffles)
+    const int lane = threadIdx.x % MLAGEN_WARP_SIZE;
     float amax = 0.f;
-    if (p.q_amax_parts < 0) {
-      amax = block_q_amax(p);
-    } else {
-      wait_for_prior_grid();
-      // every warp reduces the pre-pass maxima itself (a few loads a lane, then shuffles)
-      const int lane = threadIdx.x % MLAGEN_WARP_SIZE;
-      for (int i = lane; i < p.q_amax_parts; i += MLAGEN_WARP_SIZE) amax = fmaxf(amax, p.q_amax[i]);
-      for (int o = MLAGEN_WARP_SIZE / 2; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor(amax, o));
-    }
+    for (int i = lane; i < p.q_amax_parts; i += MLAGEN_WARP_SIZE) amax = fmaxf(amax, p.q_amax[i]);
+    for (int o = MLAGEN_WARP_SIZE / 2; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor(amax, o));
     const float scale = round_bf16(round_bf16(fmaxf(amax, 1e-12f)) / kFp8Max);
     return QQuant{scale, true, 1.f / scale};
   }
@@ -280,6 +236,11 @@ MLAGEN_DEVICE float4 load_q4(const Params& p, const QQuant& qq, int64_t q_row, i
 // The pre-pass of fp8 q quantized here: block i writes max|q| over rows i, i + grid, ...
 // in 16-byte loads, all of them in flight at once. kThreads threads; grid = min(total_q,
 // kQAmaxParts). (A template: one definition however many generated files include it.)
+MLAGEN_DEVICE float absmax_bf16x8(uint4 v) {
+  const float a = fmaxf(fmaxf(fabsf(bf16_lo(v.x)), fabsf(bf16_hi(v.x))), fmaxf(fabsf(bf16_lo(v.y)), fabsf(bf16_hi(v.y))));
+  const float b = fmaxf(fmaxf(fabsf(bf16_lo(v.z)), fabsf(bf16_hi(v.z))), fmaxf(fabsf(bf16_lo(v.w)), fabsf(bf16_hi(v.w))));
+  return fmaxf(a, b);
+}
 template <int kThreads = 256>
 __global__ void __launch_bounds__(kThreads) q_amax_kernel(const Params p) {
   allow_dependent_launch();  // the decode grid may start its KV loads now

@@ -17,16 +17,7 @@ inline Params make_params(const mlagen_problem* pr, int32_t splits) {
   const bool quantize_q = pr->q_dtype == MLAGEN_DTYPE_FP8 && pr->q_from_bf16;
   p.q_scale = pr->q_dtype == MLAGEN_DTYPE_FP8 && !quantize_q ? pr->q_scale : nullptr;
   p.q_amax = quantize_q ? reinterpret_cast<float*>(base + kQAmaxOffset) : nullptr;
-  // a small q: the decode blocks find max|q| themselves (NVIDIA, where the pre-pass would be a
-  // dependent grid to wait for; measured: docs/perf.md v4); else the pre-pass, <= 240 blocks
-#if defined(MLAGEN_NVIDIA)
-  const bool amax_in_block = pr->total_q <= kQAmaxSelfRows;
-#else
-  const bool amax_in_block = false;
-#endif
-  p.q_amax_parts = !quantize_q ? 0
-                   : amax_in_block ? -1
-                                   : static_cast<int32_t>(pr->total_q < kQAmaxParts ? pr->total_q : kQAmaxParts);
+  p.q_amax_parts = quantize_q ? static_cast<int32_t>(pr->total_q < kQAmaxParts ? pr->total_q : kQAmaxParts) : 0;
   p.kv = static_cast<const uint8_t*>(pr->kv);
   p.kv_stride_bytes = pr->kv_stride_token * (pr->kv_dtype == MLAGEN_DTYPE_BF16 ? 2 : 1);
   const bool fp8_kv = pr->kv_dtype == MLAGEN_DTYPE_FP8E4M3FN || pr->kv_dtype == MLAGEN_DTYPE_FP8E4M3FNUZ;
