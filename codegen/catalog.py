@@ -32,7 +32,7 @@ GENERIC_DTYPES = {arch: tuple((q, kv) for kv in have["kv_dtype"] for q in have["
 # them on any shape without regenerating: (block_n, stages) per (arch, kv dtype).
 TUNING_TILES = {("sm90a", "fp8e4m3fn"): ((32, 3), (32, 4), (32, 6), (64, 3)),
                 ("sm90a", "bf16"): ((32, 3), (64, 2)),
-                ("sm90a", "mxfp4"): ((32, 2), (32, 6), (64, 2))}
+                ("sm90a", "mxfp4"): ((32, 4), (64, 3))}
 
 
 def parse_shapes(text: str) -> list[tuple[int, int]]:

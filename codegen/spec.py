@@ -28,11 +28,14 @@ ARCH_TILES = {"sm90a": dict(block_n=32, stages=4), "gfx950": dict(block_n=32, st
               "gfx942": dict(block_n=32, stages=2)}
 # Per KV format where it differs: bf16 tiles are twice the bytes, so sm90a keeps 2 stages
 # (83 KB of shared memory, two blocks an SM) instead of 4.
-# fp8 on sm90a: tiles of 64 tokens are the warpgroup (wgmma) kernel
-# (runtime/include/mlagen/device/mla_decode_sm90_wgmma.cuh), 32 the mma.sync one.
+# fp8 and mxfp4 on sm90a: tiles of 64 tokens are the warpgroup (wgmma) kernel
+# (runtime/include/mlagen/device/mla_decode_sm90_wgmma.cuh), 32 the mma.sync one (mxfp4:
+# the wide path, dequantizing to bf16).
 FORMAT_TILES = {("sm90a", "bf16"): dict(block_n=32, stages=2),
-                ("sm90a", "fp8e4m3fn"): dict(block_n=64, stages=2)}
-WARPGROUP_BLOCK_N = 64  # block_n of the sm90a fp8 warpgroup kernel
+                ("sm90a", "fp8e4m3fn"): dict(block_n=64, stages=2),
+                ("sm90a", "mxfp4"): dict(block_n=64, stages=2)}
+WARPGROUP_BLOCK_N = 64  # block_n of the sm90a warpgroup kernel
+WARPGROUP_KV = ("fp8e4m3fn", "mxfp4")
 
 
 def default_tiles(arch: str, kv_dtype: str) -> dict:
@@ -113,13 +116,14 @@ class KernelSpec:
 
     @property
     def warpgroup(self) -> bool:
-        """The sm90a fp8 warpgroup (wgmma) kernel (one warpgroup a block)."""
-        return self.arch == "sm90a" and self.kv_dtype == "fp8e4m3fn" and self.block_n == WARPGROUP_BLOCK_N
+        """The sm90a warpgroup (wgmma) kernel (one warpgroup a block; fp8 or mxfp4 KV)."""
+        return self.arch == "sm90a" and self.kv_dtype in WARPGROUP_KV and self.block_n == WARPGROUP_BLOCK_N
 
     @property
     def target_blocks(self) -> int:
         """Resident blocks the split heuristic aims for: SMs x blocks an SM of this tiling
-        (the warpgroup kernel fits two an SM with 2 stages, 95 KB; one with more)."""
+        (the warpgroup kernel fits two an SM with 2 stages, 95 KB fp8 / 103 KB mxfp4; one
+        with more)."""
         return TARGET_BLOCKS[self.arch] // 2 if self.warpgroup and self.stages > 2 else TARGET_BLOCKS[self.arch]
 
     @property
@@ -202,7 +206,7 @@ class KernelSpec:
         if self.block_n not in (32, 64):
             bad("block_n", "32 or 64")
         if self.warpgroup and self.stages > 5:
-            bad("stages", "2..5 with block_n 64 on sm90a fp8 (the warpgroup kernel: 37 KB a stage)")
+            bad("stages", "2..5 with block_n 64 on sm90a fp8 / mxfp4 (the warpgroup kernel: 37 / 21 KB a stage)")
         if not 2 <= self.stages <= 8:
             bad("stages", "2..8")
         if self.vendor == "amd" and self.stages != 2:

@@ -20,6 +20,7 @@ from mlagen import quant  # noqa: E402
 from leaderboard import task_inputs  # noqa: E402
 from reference import attention, exact_inputs, make_inputs, rel_l2  # noqa: E402
 from tolerances import TOLERANCES  # noqa: E402
+from codegen.spec import KernelSpec  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.gpu
@@ -149,6 +150,33 @@ def test_mxfp4_padded_and_unpadded_scales_agree(lens):
     inp["kv_data"]["mxfp4"] = (data, padded)
     out24, _ = run(inp, "mxfp4")
     assert torch.equal(out18, out24), f"seed {seed}: padded scale rows changed the output"
+
+
+@pytest.mark.parametrize("spread", [8, 20], ids=["spread8", "spread20"])
+@pytest.mark.parametrize("kernel", ["warpgroup", "wide"])
+def test_mxfp4_block_scales_spread_over_many_binades(spread, kernel):
+    """Random E2M1 codes with block scales spread over `spread` binades inside a token and
+    token levels over 24 binades: the warpgroup kernel holds a token as e4m3 relative to its
+    largest block (exact down to 8 binades below it, rounded beyond), the wide path exactly.
+    Both must match float32 attention on the dequantized values at the format's tolerance."""
+    seed = fresh_seed()
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    lens = [1, 64, 65, 700, 2000]
+    inp = make_inputs(lens, seed)
+    total = sum(lens)
+    data = torch.randint(0, 256, (total, 1, 288), generator=g, device="cuda", dtype=torch.uint8)
+    level = torch.randint(-20, 5, (total, 1), generator=g, device="cuda")
+    scales = (127 + level - torch.randint(0, spread + 1, (total, 18), generator=g, device="cuda")).to(torch.uint8)
+    inp["kv_data"] = {"mxfp4": (data, scales)}
+    inp["kv_bf16"] = quant.dequantize_mxfp4(data, scales, 576).reshape(-1, 1, 576).to(torch.bfloat16)  # exact
+    # q scaled so that the largest tokens' scores stay O(10): every level keeps some weight
+    inp["q"] = (inp["q"].float() * 2.0 ** -6).to(torch.bfloat16)
+    name = next(k["name"] for k in _manifest() if not k["batch"] and k["kv_dtype"] == "mxfp4" and k["q_dtype"] == "bf16"
+                and (KernelSpec.parse(k["name"]).warpgroup == (kernel == "warpgroup")))
+    out, ran = run(inp, "mxfp4", kernel=name, splits=2)
+    assert ran["name"] == name
+    e32, _ = check(inp, out, "mxfp4", "bf16", seed)
+    print(f"{name} spread {spread}: rel_l2 vs fp32 {e32:.2e}")
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "mxfp4"])

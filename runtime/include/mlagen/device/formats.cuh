@@ -96,6 +96,31 @@ MLAGEN_DEVICE MxScaleWindow mx_scale_window(int64_t row0, int valid_rows, int64_
   return MxScaleWindow{first, first & ~int64_t{15}, first + (valid_rows > 0 ? (valid_rows - 1) * stride + kMxBlocks : 0)};
 }
 
+#if defined(MLAGEN_NVIDIA)
+// Issues the copies of a tile's scale window (kThreads threads, thread `tid`): the scale
+// rows of KV rows row0 .. row0 + valid_rows - 1 land at `dst` (shared address; `dst_ptr` is
+// the same bytes as a pointer) with the window's first byte at the 16-byte boundary at or
+// below row0's first scale byte. The scale rows end at the last token's 18th scale byte: a
+// 16-byte read that would cross it (only in the tile holding the last KV row) goes byte by
+// byte (memcheck caught a 16-byte read past a 173,772-byte scale tensor).
+template <int kBlockN, int kThreads>
+MLAGEN_DEVICE void mx_issue_scale_window(const uint8_t* scales, int64_t stride, int64_t total_kv, int64_t row0,
+                                         int valid_rows, uint32_t dst, uint8_t* dst_ptr, int tid) {
+  const MxScaleWindow win = mx_scale_window(row0, valid_rows, stride);
+  const int64_t rows_end = (total_kv - 1) * stride + kMxBlocks;
+  for (int c = tid; c < MxStage<kBlockN>::kScaleChunks; c += kThreads) {
+    const int64_t at = win.start + 16 * c;
+    const int64_t left = win.end - at;
+    const int bytes = left <= 0 ? 0 : (left >= 16 ? 16 : static_cast<int>(left));
+    if (bytes == 0 || at + 16 <= rows_end) {
+      sm90::cp_async_16_partial(dst + 16 * c, scales + (bytes > 0 ? at : 0), bytes);
+    } else {
+      for (int k = 0; k < 16; ++k) dst_ptr[16 * c + k] = k < bytes ? scales[at + k] : uint8_t{0};
+    }
+  }
+}
+#endif
+
 // Dequantizes one mxfp4 stage (rows [0, kBlockN)) into a bf16 tile of row pitch
 // `out_pitch` bytes. Rows at or past `valid` become zeros (whatever their scale bytes),
 // so masked tokens never feed a NaN into P*V. Block-cooperative: thread `tid` of

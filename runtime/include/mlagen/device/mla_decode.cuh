@@ -31,10 +31,12 @@ struct Tiling : TileGeometry<kBlockN_, kStages_, /*warps=*/4> {
   using G = TileGeometry<kBlockN_, kStages_, 4>;
   static constexpr KvFormat kKv = kKv_;
   static constexpr QFormat kQ = kQ_;
-  static constexpr bool kWide = KvTraits<kKv>::kWide;
-  // fp8 KV in tiles of 64 tokens: the warpgroup (wgmma) kernel, mla_decode_sm90_wgmma.cuh
-  // (codegen/spec.py WARPGROUP_BLOCK_N says the same to the generator)
-  static constexpr bool kWarpgroup = kKv == KvFormat::kFp8 && kBlockN_ == WgLayout<kStages_>::kBlockN;
+  // fp8 or mxfp4 KV in tiles of 64 tokens: the warpgroup (wgmma) kernel,
+  // mla_decode_sm90_wgmma.cuh (codegen/spec.py WARPGROUP_BLOCK_N says the same to the generator)
+  static constexpr bool kWarpgroup =
+      (kKv == KvFormat::kFp8 || kKv == KvFormat::kMxfp4) && kBlockN_ == WgLayout<kStages_>::kBlockN;
+  using Wg = WgLayout<kStages_, kKv_>;
+  static constexpr bool kWide = KvTraits<kKv>::kWide && !kWarpgroup;  // bf16, or mxfp4 in tiles of 32
   // What the combine multiplies a partial O by, besides the KV scale and 1 / l.
   static constexpr float kVUnit = kWide || kWarpgroup ? 1.f : kVDecodeScale;
   static constexpr int kNTiles = G::kBlockN / 8;  // n8 MMA tiles per KV tile
@@ -48,9 +50,9 @@ struct Tiling : TileGeometry<kBlockN_, kStages_, /*warps=*/4> {
   static constexpr int kStageBytes = kKv == KvFormat::kMxfp4 ? MxStage<G::kBlockN>::kBytes : G::kBlockN * kRowBytes;
   static constexpr int kDecodedBytes = kKv == KvFormat::kMxfp4 ? G::kBlockN * kWideRowBytes : 0;
   static constexpr int kRedBytes = G::kWarps * kNTiles * MLAGEN_WARP_SIZE * 16;
-  static constexpr int kThreads = kWarpgroup ? WgLayout<kStages_>::kThreads : G::kThreads;
+  static constexpr int kThreads = kWarpgroup ? Wg::kThreads : G::kThreads;
   static constexpr int kSmemBytes =
-      kWarpgroup ? WgLayout<kStages_>::kSmemBytes : G::kStages * kStageBytes + kDecodedBytes + kRedBytes;
+      kWarpgroup ? Wg::kSmemBytes : G::kStages * kStageBytes + kDecodedBytes + kRedBytes;
   static constexpr int kMinBlocksPerSm = kSmemBytes <= 110 * 1024 ? 2 : 1;
   static_assert(G::kBlockN % 32 == 0, "kBlockN: multiple of 32 (ldmatrix.x4 takes 4 n8 tiles)");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory over sm_90's 227 KB a block: fewer stages");
@@ -329,24 +331,10 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
         cp_async_16(dst + row * kRowPitch + col * 16, src, ok);
       }
     }
-    if constexpr (kMx) {  // the scale rows of the tile's tokens, through an aligned window
-      const MxScaleWindow win = mx_scale_window(seq.kv_begin + tok0, min(BN, tok_end - tok0), p.kv_scales_stride);
-      const uint32_t wdst = dst + MxStage<BN>::kDataBytes;
-      // The scale rows end at `rows_end` (the last token's 18th scale byte): a 16-byte read
-      // that would cross it (only in the tile holding the last KV row) goes byte by byte.
-      const int64_t rows_end = (p.total_kv - 1) * p.kv_scales_stride + kMxBlocks;
-      for (int c = threadIdx.x; c < MxStage<BN>::kScaleChunks; c += T::kThreads) {
-        const int64_t at = win.start + 16 * c;
-        const int64_t left = win.end - at;
-        const int bytes = left <= 0 ? 0 : (left >= 16 ? 16 : static_cast<int>(left));
-        if (bytes == 0 || at + 16 <= rows_end) {
-          cp_async_16_partial(wdst + 16 * c, p.kv_scales + (bytes > 0 ? at : 0), bytes);
-        } else {
-          uint8_t* d = smem + stage * T::kStageBytes + MxStage<BN>::kDataBytes + 16 * c;
-          for (int k = 0; k < 16; ++k) d[k] = k < bytes ? p.kv_scales[at + k] : uint8_t{0};
-        }
-      }
-    }
+    if constexpr (kMx)  // the scale rows of the tile's tokens, through an aligned window
+      mx_issue_scale_window<BN, T::kThreads>(p.kv_scales, p.kv_scales_stride, p.total_kv, seq.kv_begin + tok0,
+                                             min(BN, tok_end - tok0), dst + MxStage<BN>::kDataBytes,
+                                             smem + stage * T::kStageBytes + MxStage<BN>::kDataBytes, threadIdx.x);
   };
 
   float o[16][4];  // n8 tile n: dims warp*128 + 8n + 2t, +1 of rows g ([0], [1]) and g+8 ([2], [3])

@@ -17,10 +17,16 @@
 // registers; a kStages-deep cp.async ring, ~95 KB of shared memory with 2 stages, so two
 // blocks share an SM and one computes while the other waits (a single block of two
 // warpgroups in lockstep ran at half the speed: docs/perf.md).
+//
+// mxfp4 KV takes the same kernel: a ring of packed stages (288 bytes + 18 scales a token)
+// and one e4m3 tile that the block refills from the landed stage every tile (expand_tile:
+// one table lookup per 4 values through prmt). E2M1 x 2^(block scale) fits e4m3 only
+// relative to a per-token power of two, which moves into that token's S and P.
 #pragma once
 #include "mlagen/device/formats.cuh"
 
 #if defined(MLAGEN_NVIDIA)
+#include <type_traits>
 // Experiments only (wrong results on purpose; .ci/gpu exp): bit 0 skips the S wgmmas, bit 1
 // the O wgmmas.
 #ifndef MLAGEN_WG_EXP
@@ -36,8 +42,9 @@ namespace mlagen::device {
 constexpr int kTracePoints = 8;
 constexpr size_t kTraceOffset = size_t{32} << 20;
 
-template <int kStages_>
+template <int kStages_, KvFormat kKv_ = KvFormat::kFp8>
 struct WgLayout {
+  static constexpr bool kMx = kKv_ == KvFormat::kMxfp4;
   static constexpr int kBlockN = 64;   // tokens a tile = the M of the S wgmma
   static constexpr int kStages = kStages_;
   static constexpr int kThreads = 128;  // one warpgroup
@@ -53,14 +60,27 @@ struct WgLayout {
   static constexpr int kRopeOffset = 4 * kAtom128Bytes;
   static constexpr int kStageBytes = kRopeOffset + kBlockN * 64;  // 36864 (36 x 1024)
   static constexpr int kAlign = 1024;  // swizzle atoms repeat every 1024 bytes of address
+  // mxfp4: one e4m3 tile (the layout above, refilled from the packed stage every tile) and
+  // a ring of packed stages: 64 rows of 288 bytes at a pitch of 304 (the 8 rows a quarter
+  // warp reads fall in distinct banks), then the tile's scale window (formats.cuh).
+  static constexpr int kMxPitch = kMxRowBytes + 16;
+  static constexpr int kPackedBytes = kBlockN * kMxPitch;
+  static constexpr int kPackedStageBytes = kPackedBytes + MxStage<kBlockN>::kScaleWindowBytes;
+  static constexpr int kTilesBytes = kMx ? kStageBytes + kStages * kPackedStageBytes : kStages * kStageBytes;
   // Q hi / lo: 32 rows (16 hi, 16 lo) x 576 bytes; P^T hi / lo: 32 rows x 64 tokens.
   static constexpr int kQLbo = 128, kQSbo = kChunksPerRow * 128, kQBytes = 4 * kQSbo;
   static constexpr int kPLbo = 128, kPSbo = kBlockN / 16 * 128, kPBytes = 4 * kPSbo;
-  static constexpr int kQOffset = kStages * kStageBytes;  // from the 1024-aligned base
+  static constexpr int kQOffset = kTilesBytes;  // from the 1024-aligned base
   static constexpr int kPOffset = kQOffset + kQBytes;
   static constexpr int kRedOffset = kPOffset + kPBytes;               // [4 warps][16 heads] x2 floats
   static constexpr int kColOffset = kRedOffset + 2 * 4 * kHeads * 4;  // [16] column scales
-  static constexpr int kSmemBytes = kColOffset + kHeads * 4 + kAlign;  // + room to align the base
+  // mxfp4: the tile's token powers of two, [64] as float exponents then [64] as factors;
+  // [kMxLut] e4m3 tables of 8 bytes
+  static constexpr int kTokOffset = kColOffset + kHeads * 4;
+  static constexpr int kMxLut = 20;  // block exponents -13..6 relative to the token's (below: zeros)
+  static constexpr int kLutOffset = kTokOffset + (kMx ? 2 * kBlockN * 4 : 0);
+  static constexpr int kSmemBytes = kLutOffset + (kMx ? kMxLut * 8 : 0) + kAlign;  // + room to align the base
+  static_assert(kPackedStageBytes % 16 == 0 && kQOffset % 16 == 0, "16-byte copies");
   static_assert(kCopiesPerThread * kThreads == kBlockN * kChunksPerRow, "whole copies a thread");
 
   MLAGEN_DEVICE static uint32_t kv_at(int token, int byte) {
@@ -90,8 +110,9 @@ MLAGEN_DEVICE void split_e4m3(float x0, float x1, uint32_t& hi, uint32_t& lo) {
 template <class T, class Shape>
 MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   using namespace sm90;
-  using L = WgLayout<T::kStages>;
+  using L = WgLayout<T::kStages, T::kKv>;
   constexpr int BN = L::kBlockN, ST = L::kStages, W = 4;
+  constexpr bool kMx = L::kMx;
   static_assert(MLAGEN_WARP_SIZE == 32, "wgmma fragments are defined for 32-lane warps");
   static_assert(L::kSmemBytes <= 227 * 1024, "shared memory over sm_90's 227 KB a block: fewer stages");
   const uint32_t s_raw = smem_addr(smem);
@@ -101,6 +122,8 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   float* red_max = reinterpret_cast<float*>(smem + L::kRedOffset);  // [warp][head]
   float* red_sum = red_max + W * kHeads;
   float* col_scale = reinterpret_cast<float*>(smem + L::kColOffset);  // [head]: 1 / c
+  float* tok_pow = reinterpret_cast<float*>(smem + L::kTokOffset);    // mxfp4: [token] exponent g
+  float* tok_mul = tok_pow + BN;                                        //        [token] 2^g
 
   const int tid = threadIdx.x, w = tid / 32, lane = tid % 32;
   const int g = lane >> 2, t = lane & 3;
@@ -140,7 +163,22 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   const uint32_t src_rope = static_cast<uint32_t>(row_rope * stride) + 512 + c4 * 16;
   const uint32_t step16 = static_cast<uint32_t>(16 * stride);
   auto issue_tile = [&](int j) {
-    if (j < ntiles) {
+    if (kMx && j < ntiles) {  // packed rows (9 copies a thread) + the tile's scale window
+      const int tok0 = tok_begin + j * BN;
+      const int rows_left = tok_end - tok0;
+      const uint32_t off = L::kStageBytes + (j % ST) * L::kPackedStageBytes;
+      const uint8_t* base = kv + static_cast<int64_t>(tok0) * stride;
+      constexpr int kChunks = kMxRowBytes / 16;  // 18 a row
+#pragma unroll
+      for (int i = 0; i < BN * kChunks / L::kThreads; ++i) {
+        const int idx = tid + i * L::kThreads, row = idx / kChunks, col = idx % kChunks;
+        const bool ok = row < rows_left;
+        cp_async_16(s_base + off + row * L::kMxPitch + col * 16, ok ? base + static_cast<int64_t>(row) * stride + col * 16 : kv, ok);
+      }
+      mx_issue_scale_window<BN, L::kThreads>(p.kv_scales, p.kv_scales_stride, p.total_kv, seq.kv_begin + tok0,
+                                             min(BN, rows_left), s_base + off + L::kPackedBytes,
+                                             smem + off + L::kPackedBytes, tid);
+    } else if (!kMx && j < ntiles) {
       const int tok0 = tok_begin + j * BN;
       const int rows_left = tok_end - tok0;
       const uint32_t dst = s_base + (j % ST) * L::kStageBytes;
@@ -211,6 +249,12 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
     }
     if (part == 0) col_scale[h] = pow2i(-k);  // S = (hi column) / c + (lo column) / (16 c)
   }
+  if (kMx && tid < L::kMxLut) {  // entry i: the e4m3 bytes of the E2M1 magnitudes x 2^(i - 13), rounded to nearest even
+    const float f = pow2i(tid - 13);
+    const uint32_t t0 = pack_e4m3x2(0.f, 0.5f * f) | (static_cast<uint32_t>(pack_e4m3x2(f, 1.5f * f)) << 16);
+    const uint32_t t1 = pack_e4m3x2(2.f * f, 3.f * f) | (static_cast<uint32_t>(pack_e4m3x2(4.f * f, 6.f * f)) << 16);
+    reinterpret_cast<uint2*>(smem + L::kLutOffset)[tid] = make_uint2(t0, t1);
+  }
   fence_proxy_async_smem();
   __syncthreads();
   mark(2);
@@ -266,12 +310,71 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
       }
   };
 
+  // mxfp4: packed stage -> the e4m3 tile. Token n's values are E2M1 x 2^(scale byte - 127)
+  // per block of 32 dims; the tile holds them as e4m3 x 2^g_n with g_n = (the token's largest
+  // block exponent) - 6, so its largest block lands under 6 x 2^6 = 384 <= 448 and blocks down
+  // to 8 binades below it stay exact (14 below: rounded, further: zero; g_n >= -64, i.e.
+  // values of tokens whose every scale is below 2^-58 flush to zero). 2^g_n moves to the
+  // token's S (x 2^g_n) and P (x 2^g_n, folded into the exponent of the softmax). Thread ->
+  // token tid % 64, blocks 9 (tid / 64) .. + 8: a quarter warp stores 8 consecutive tokens'
+  // 16-byte pieces, 8 distinct swizzle positions.
+  auto expand_tile = [&](int it) {
+    const int tok0 = tok_begin + it * BN, valid = tok_end - tok0, n = tid % BN;
+    const uint32_t stage = s_base + L::kStageBytes + (it % ST) * L::kPackedStageBytes;
+    const MxScaleWindow win = mx_scale_window(seq.kv_begin + tok0, min(BN, valid), p.kv_scales_stride);
+    const uint32_t sc = stage + L::kPackedBytes + static_cast<uint32_t>(win.first - win.start) +
+                        static_cast<uint32_t>(n * p.kv_scales_stride);
+    const bool live = n < valid;  // rows past the end: zeros (cp.async filled them), any finite scale
+    uint32_t sb[kMxBlocks], emax = 0u;
+#pragma unroll
+    for (int kb = 0; kb < kMxBlocks; ++kb) {
+      sb[kb] = live ? lds8(sc + kb) : 127u;
+      emax = max(emax, sb[kb]);
+    }
+    const int gpow = max(static_cast<int>(emax) - 127 - 6, -64);
+    if (tid < BN) {  // E8M0 255 is NaN: the token's S and P become NaN, so does the output
+      tok_pow[n] = emax == 255u ? quiet_nan() : static_cast<float>(gpow);
+      tok_mul[n] = emax == 255u ? quiet_nan() : pow2i(gpow);
+    }
+    const uint32_t row = stage + n * L::kMxPitch, lut = s_base + L::kLutOffset;
+    auto blocks = [&](auto first) {
+      constexpr int kb0 = decltype(first)::value;
+#pragma unroll
+      for (int j = 0; j < kMxBlocks / 2; ++j) {
+        const int kb = kb0 + j;
+        const int x = min(max(static_cast<int>(sb[kb]) - 127 - gpow, -13), 6) + 13;
+        const uint2 tab = lds64(lut + 8 * x);
+        const uint4 w = lds128(row + 16 * kb);
+        uint32_t o[8];
+        e2m1x8_to_e4m3(w.x, tab.x, tab.y, o[0], o[1]);
+        e2m1x8_to_e4m3(w.y, tab.x, tab.y, o[2], o[3]);
+        e2m1x8_to_e4m3(w.z, tab.x, tab.y, o[4], o[5]);
+        e2m1x8_to_e4m3(w.w, tab.x, tab.y, o[6], o[7]);
+        sts128(s_base + L::kv_at(n, 32 * kb), make_uint4(o[0], o[1], o[2], o[3]));
+        sts128(s_base + L::kv_at(n, 32 * kb + 16), make_uint4(o[4], o[5], o[6], o[7]));
+      }
+    };
+    if (tid < BN)
+      blocks(std::integral_constant<int, 0>{});
+    else
+      blocks(std::integral_constant<int, kMxBlocks / 2>{});
+  };
+
   for (int it = 0; it < ntiles; ++it) {
     cp_async_wait<ST - 2>();  // tile `it` landed (later ones may still fly)
     fence_proxy_async_smem();
     __syncthreads();  // ... for every thread; P, the maxima and tile it-1's slot are free
     if (it == 0) mark(3);
-    const uint32_t tile = s_base + (it % ST) * L::kStageBytes;
+    const uint32_t tile = kMx ? s_base : s_base + (it % ST) * L::kStageBytes;
+    float tpow[2] = {0.f, 0.f}, tmul[2] = {1.f, 1.f};  // mxfp4: the powers of two of rows row0, row0 + 8
+    if constexpr (kMx) {
+      issue_tile(it + ST - 1);  // packed slot (it - 1) % ST is free since the barrier
+      expand_tile(it);
+      fence_proxy_async_smem();  // the tile's generic-proxy stores, seen by the wgmmas
+      __syncthreads();
+#pragma unroll
+      for (int r = 0; r < 2; ++r) tpow[r] = tok_pow[row0 + 8 * r], tmul[r] = tok_mul[row0 + 8 * r];
+    }
 
     // ---- S^T for the tile's 64 tokens: 18 k-steps of 32 dims -------------------------------
     float s[16];
@@ -292,23 +395,27 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
     wgmma_commit();
     // the next tile's copies go out while the tensor cores run S (slot (it - 1) % ST, which
     // every thread is done with since the barrier above; S reads slot it % ST)
-    issue_tile(it + ST - 1);
+    if constexpr (!kMx) issue_tile(it + ST - 1);
     wgmma_wait<0>();
     wgmma_fence_regs(s);
     if (it == 0) mark(4);
 
     // ---- softmax: the per-head tile maxima meet in shared memory ---------------------------
     const int valid = tok_end - (tok_begin + it * BN);
-    float sv[2][4], mx[4];
+    // sv: S (log2 domain); se: the exponent P is taken of, S + g for mxfp4 (P x 2^g meets
+    // the tile's V / 2^g), S otherwise
+    float sv[2][4], se[2][4], mx[4];
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const int jh = k / 2, e = k % 2;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const float x = s[4 * jh + 2 * r + e] * cs_hi[k] + s[4 * (jh + 2) + 2 * r + e] * (cs_hi[k] * 0.0625f);
+        float x = s[4 * jh + 2 * r + e] * cs_hi[k] + s[4 * (jh + 2) + 2 * r + e] * (cs_hi[k] * 0.0625f);
+        if constexpr (kMx) x *= tmul[r];
         sv[r][k] = row0 + 8 * r < valid ? x : -INFINITY;
+        se[r][k] = kMx ? sv[r][k] + tpow[r] : sv[r][k];
       }
-      mx[k] = fmaxf(sv[0][k], sv[1][k]);
+      mx[k] = fmaxf(se[0][k], se[1][k]);
 #pragma unroll
       for (int o2 = 4; o2 < 32; o2 *= 2) mx[k] = fmaxf(mx[k], __shfl_xor(mx[k], o2));
     }
@@ -329,8 +436,9 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
     // P = 2^(S - m), x256 (p in [2^-14, 1] stays a normal e4m3), as hi / lo columns of P^T
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      const float p0 = fast_exp2(sv[0][k] - m[k]), p1 = fast_exp2(sv[1][k] - m[k]);
-      l[k] = l[k] * alpha[k] + (p0 + p1);
+      const float p0 = fast_exp2(se[0][k] - m[k]), p1 = fast_exp2(se[1][k] - m[k]);
+      // l sums 2^(S - m); for mxfp4 that is P / 2^g (up to 2^64: g >= -64)
+      l[k] = l[k] * alpha[k] + (kMx ? fast_exp2(sv[0][k] - m[k]) + fast_exp2(sv[1][k] - m[k]) : p0 + p1);
       uint32_t hi, lo;
       split_e4m3(p0 * 256.f, p1 * 256.f, hi, lo);
       sts8(s_p + L::p_at(head[k], row0), hi & 0xffu);
