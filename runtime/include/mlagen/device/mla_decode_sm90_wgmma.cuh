@@ -28,7 +28,7 @@
 #if defined(MLAGEN_NVIDIA)
 #include <type_traits>
 // Experiments only (wrong results on purpose; .ci/gpu exp): bit 0 skips the S wgmmas, bit 1
-// the O wgmmas.
+// the O wgmmas, bit 2 the mxfp4 expansion (the tile keeps whatever it held).
 #ifndef MLAGEN_WG_EXP
 #define MLAGEN_WG_EXP 0
 #endif
@@ -369,7 +369,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
     float tpow[2] = {0.f, 0.f}, tmul[2] = {1.f, 1.f};  // mxfp4: the powers of two of rows row0, row0 + 8
     if constexpr (kMx) {
       issue_tile(it + ST - 1);  // packed slot (it - 1) % ST is free since the barrier
-      expand_tile(it);
+      if (!(MLAGEN_WG_EXP & 4)) expand_tile(it);
       fence_proxy_async_smem();  // the tile's generic-proxy stores, seen by the wgmmas
       __syncthreads();
 #pragma unroll
