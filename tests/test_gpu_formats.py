@@ -152,6 +152,25 @@ def test_mxfp4_padded_and_unpadded_scales_agree(lens):
     assert torch.equal(out18, out24), f"seed {seed}: padded scale rows changed the output"
 
 
+@pytest.mark.parametrize("lens", [[1024] * 4, [1, 100, 3000, 0, 257]], ids=["uniform", "nonuniform"])
+def test_mxfp4_padded_kv_rows_agree(lens):
+    """KV rows with a row stride over 288 bytes (a cache with room per token): the same output
+    as rows back to back (the warpgroup kernel copies whole tiles of back-to-back rows by a
+    fast path, any other stride by the general one)."""
+    seed = fresh_seed()
+    inp = with_formats(make_inputs(lens, seed))
+    data, scales = inp["kv_data"]["mxfp4"]
+    out_dense, ran = run(inp, "mxfp4")
+    check(inp, out_dense, "mxfp4", "bf16", seed)
+    wide = torch.full((data.shape[0], 1, 320), 0x77, dtype=torch.uint8, device="cuda")  # padding: 6.0s
+    wide[..., :288] = data
+    inp["kv_data"]["mxfp4"] = (wide[..., :288], scales)
+    assert inp["kv_data"]["mxfp4"][0].stride(0) == 320
+    out_wide, ran2 = run(inp, "mxfp4")
+    assert ran2["name"] == ran["name"]
+    assert torch.equal(out_dense, out_wide), f"seed {seed}: a padded KV row stride changed the output"
+
+
 @pytest.mark.parametrize("spread", [8, 20], ids=["spread8", "spread20"])
 @pytest.mark.parametrize("kernel", ["warpgroup", "wide"])
 def test_mxfp4_block_scales_spread_over_many_binades(spread, kernel):

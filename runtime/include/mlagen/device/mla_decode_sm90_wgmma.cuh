@@ -61,9 +61,11 @@ struct WgLayout {
   static constexpr int kStageBytes = kRopeOffset + kBlockN * 64;  // 36864 (36 x 1024)
   static constexpr int kAlign = 1024;  // swizzle atoms repeat every 1024 bytes of address
   // mxfp4: one e4m3 tile (the layout above, refilled from the packed stage every tile) and
-  // a ring of packed stages: 64 rows of 288 bytes at a pitch of 304 (the 8 rows a quarter
-  // warp reads fall in distinct banks), then the tile's scale window (formats.cuh).
-  static constexpr int kMxPitch = kMxRowBytes + 16;
+  // a ring of packed stages: 64 rows of 288 bytes back to back (so that a tile of rows
+  // stored back to back is one 18 KB run: 9 copies a thread off one base; a 304-byte pitch
+  // spared the expansion's 16-byte reads a 2-way bank conflict but cost ~150 instructions a
+  // warp and tile of copy addressing, ncu), then the tile's scale window (formats.cuh).
+  static constexpr int kMxPitch = kMxRowBytes;
   static constexpr int kPackedBytes = kBlockN * kMxPitch;
   static constexpr int kPackedStageBytes = kPackedBytes + MxStage<kBlockN>::kScaleWindowBytes;
   static constexpr int kTilesBytes = kMx ? kStageBytes + kStages * kPackedStageBytes : kStages * kStageBytes;
@@ -168,12 +170,18 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
       const int rows_left = tok_end - tok0;
       const uint32_t off = L::kStageBytes + (j % ST) * L::kPackedStageBytes;
       const uint8_t* base = kv + static_cast<int64_t>(tok0) * stride;
-      constexpr int kChunks = kMxRowBytes / 16;  // 18 a row
+      constexpr int kChunks = kMxRowBytes / 16, kCopies = BN * kChunks / L::kThreads;  // 18 a row, 9 a thread
+      if (rows_left >= BN && stride == kMxRowBytes) {  // whole tile, rows back to back (the usual layout)
 #pragma unroll
-      for (int i = 0; i < BN * kChunks / L::kThreads; ++i) {
-        const int idx = tid + i * L::kThreads, row = idx / kChunks, col = idx % kChunks;
-        const bool ok = row < rows_left;
-        cp_async_16(s_base + off + row * L::kMxPitch + col * 16, ok ? base + static_cast<int64_t>(row) * stride + col * 16 : kv, ok);
+        for (int i = 0; i < kCopies; ++i)
+          cp_async_16_full(s_base + off + 16 * tid + i * 16 * L::kThreads, base + (16 * tid + i * 16 * L::kThreads));
+      } else {
+#pragma unroll
+        for (int i = 0; i < kCopies; ++i) {
+          const int idx = tid + i * L::kThreads, row = idx / kChunks, col = idx % kChunks;
+          const bool ok = row < rows_left;
+          cp_async_16(s_base + off + row * L::kMxPitch + col * 16, ok ? base + static_cast<int64_t>(row) * stride + col * 16 : kv, ok);
+        }
       }
       mx_issue_scale_window<BN, L::kThreads>(p.kv_scales, p.kv_scales_stride, p.total_kv, seq.kv_begin + tok0,
                                              min(BN, rows_left), s_base + off + L::kPackedBytes,
