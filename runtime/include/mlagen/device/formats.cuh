@@ -4,7 +4,10 @@
 //                             per-tensor scale applied to S and O in fp32.
 //   bf16                    : the wide path; KV rows land in shared memory as they are and
 //                             feed bf16 MMAs directly.
-//   mxfp4                   : the wide path; packed E2M1 rows + their E8M0 scales land in
+//   mxfp4                   : sm90a in tiles of 64: the warpgroup kernel, which expands the
+//                             packed tile to e4m3 in shared memory relative to a power of
+//                             two per token (mla_decode_sm90_wgmma.cuh). Otherwise (AMD,
+//                             tiles of 32) the wide path; packed E2M1 rows + their E8M0 scales land in
 //                             shared memory, one pass per tile dequantizes them into a
 //                             bf16 tile there (exact: every E2M1 value times a power of two
 //                             is a bf16), and the bf16 MMAs read that tile. Never a
