@@ -77,7 +77,7 @@ inline mlagen_status encode_kv_maps(Params& p) {
     return fail(MLAGEN_ERR_DEVICE, "total_kv=%lld: the TMA path takes at most 2^31 - 1 rows", (long long)p.total_kv);
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kQkDim), static_cast<cuuint64_t>(p.total_kv > 0 ? p.total_kv : 1)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(p.kv_stride_bytes)};
-  const cuuint32_t box_main[2] = {128, 64}, box_rope[2] = {64, 64}, unit[2] = {1, 1};
+  const cuuint32_t box_main[2] = {128, MLAGEN_WG_TMA_ROWS}, box_rope[2] = {64, MLAGEN_WG_TMA_ROWS}, unit[2] = {1, 1};
   void* base = const_cast<uint8_t*>(p.kv);
   CUresult r = encode(&p.kv_map_main, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, base, dims, strides, box_main, unit,
                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,

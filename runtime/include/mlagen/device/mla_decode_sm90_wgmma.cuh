@@ -181,13 +181,21 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   auto issue_tile = [&](int j) {
 #if MLAGEN_WG_TMA
     if constexpr (kTma) {
-      if (j < ntiles && tid == 0) {
+      constexpr int R = MLAGEN_WG_TMA_ROWS, G = BN / R;  // rows a box, row groups a tile
+      if (j < ntiles && w == 0) {
         const uint32_t dst = s_base + (j % ST) * L::kStageBytes, bar = s_bar + 8 * (j % ST);
         const int y = static_cast<int>(seq.kv_begin) + tok_begin + j * BN;
-        mbar_arrive_expect_tx(bar, L::kStageBytes);
-#pragma unroll
-        for (int a = 0; a < 4; ++a) tma_load_2d(dst + a * L::kAtom128Bytes, &p.kv_map_main, 128 * a, y, bar);
-        tma_load_2d(dst + L::kRopeOffset, &p.kv_map_rope, 512, y, bar);
+        if (lane == 0) mbar_arrive_expect_tx(bar, L::kStageBytes);
+        __syncwarp();
+        // boxes in row-group order (each group of R rows whole before the next): box i of
+        // lane i % 32: group i / 5, part i % 5 (atoms 0..3, then the rope)
+        for (int i = lane; i < 5 * G; i += 32) {
+          const int gr = i / 5, part = i % 5;
+          if (part < 4)
+            tma_load_2d(dst + part * L::kAtom128Bytes + gr * R * 128, &p.kv_map_main, 128 * part, y + gr * R, bar);
+          else
+            tma_load_2d(dst + L::kRopeOffset + gr * R * 64, &p.kv_map_rope, 512, y + gr * R, bar);
+        }
       }
       return;
     }

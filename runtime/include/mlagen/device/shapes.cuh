@@ -13,6 +13,9 @@
 #ifndef MLAGEN_WG_TMA
 #define MLAGEN_WG_TMA 0
 #endif
+#ifndef MLAGEN_WG_TMA_ROWS  // KV rows a TMA box (64: one box per 128-byte column of a tile; 8: per swizzle atom)
+#define MLAGEN_WG_TMA_ROWS 64
+#endif
 
 namespace mlagen::device {
 
