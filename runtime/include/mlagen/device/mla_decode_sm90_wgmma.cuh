@@ -20,9 +20,8 @@
 //
 // mxfp4 KV takes the same kernel: a ring of packed stages (288 bytes + 18 scales a token)
 // and one e4m3 tile that the block refills from the landed stage every tile (expand_tile:
-// a block's 8-entry table made arithmetically, one prmt lookup per 4 values). E2M1 x
-// 2^(block scale) fits e4m3 only relative to a per-token power of two, which moves into
-// that token's S and P.
+// one table lookup per 4 values through prmt). E2M1 x 2^(block scale) fits e4m3 only
+// relative to a per-token power of two, which moves into that token's S and P.
 #pragma once
 #include "mlagen/device/formats.cuh"
 
@@ -386,14 +385,8 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
 #pragma unroll
       for (int j = 0; j < kMxBlocks / 2; ++j) {
         const int kb = kb0 + j;
-        const int x = static_cast<int>(sb[kb]) - 127 - gpow;  // the block's exponent relative to g: <= 6
-        uint2 tab;
-        if (x >= -5) {  // every magnitude a normal e4m3: the table at 2^0 with x added to each exponent field
-          tab.x = 0x3C383000u + static_cast<uint32_t>(8 * x) * 0x01010100u;  // 0, .5, 1, 1.5 (0 stays 0)
-          tab.y = 0x4C484440u + static_cast<uint32_t>(8 * x) * 0x01010101u;  // 2, 3, 4, 6
-        } else {  // subnormal products: the rounded tables (below -13: zeros)
-          tab = lds64(lut + 8 * (max(x, -13) + 13));
-        }
+        const int x = min(max(static_cast<int>(sb[kb]) - 127 - gpow, -13), 6) + 13;
+        const uint2 tab = lds64(lut + 8 * x);
         const uint4 w = lds128(row + 16 * kb);
         uint32_t o[8];
         e2m1x8_to_e4m3(w.x, tab.x, tab.y, o[0], o[1]);
