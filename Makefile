@@ -41,7 +41,7 @@ bench: build
 
 # measure splits x tiles per catalog shape on the GPU, write codegen/tuning.json, rebuild
 tune: build
-	$(PYTHON) bench/tune.py --log bench/results/tune_log.json
+	$(PYTHON) bench/tune.py $(TUNE_ARGS) --log bench/results/tune_log.json
 	$(MAKE) build
 
 sanitize: build
