@@ -176,7 +176,8 @@ def test_mxfp4_padded_kv_rows_agree(lens):
 def test_mxfp4_block_scales_spread_over_many_binades(spread, kernel):
     """Random E2M1 codes with block scales spread over `spread` binades inside a token and
     token levels over 24 binades: the warpgroup kernel holds a token as e4m3 relative to its
-    largest block (exact down to 8 binades below it, rounded beyond), the wide path exactly.
+    largest block (exact down to 14 binades below it, rounded to 19, zero beyond), the wide
+    path exactly.
     Both must match float32 attention on the dequantized values at the format's tolerance."""
     seed = fresh_seed()
     g = torch.Generator(device="cuda").manual_seed(seed)

@@ -355,9 +355,10 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
 
   // mxfp4: packed stage -> the e4m3 tile. Token n's values are E2M1 x 2^(scale byte - 127)
   // per block of 32 dims; the tile holds them as e4m3 x 2^g_n with g_n = (the token's largest
-  // block exponent) - 6, so its largest block lands under 6 x 2^6 = 384 <= 448 and blocks down
-  // to 8 binades below it stay exact (14 below: rounded, further: zero; g_n >= -64, i.e.
-  // values of tokens whose every scale is below 2^-58 flush to zero). 2^g_n moves to the
+  // block exponent) - 6, so its largest block lands under 6 x 2^6 = 384 <= 448: a block at
+  // x = (its exponent) - g_n >= -8 is exact (down to 14 binades below the token's largest),
+  // x in -13..-9 is rounded onto e4m3's subnormals, below that zero. g_n >= -64: only blocks
+  // with scales below 2^-72 lose precision that way whatever their token. 2^g_n moves to the
   // token's S (x 2^g_n) and P (x 2^g_n, folded into the exponent of the softmax). Thread ->
   // token tid % 64, blocks 9 (tid / 64) .. + 8: a quarter warp stores 8 consecutive tokens'
   // 16-byte pieces, 8 distinct swizzle positions.
