@@ -265,8 +265,11 @@ def bench_shape(ctx, index: int, batch: int, kv_len: int) -> dict:
 
     # ---- inputs
     try:
+        # the bf16 KV: for torch bmm, and as what the bf16 / mxfp4 columns run on (mxfp4 is
+        # quantized from it): without it, `--no-bmm --formats mxfp4` had nothing to quantize
+        need_bf16 = not args.no_bmm or any(f in ("bf16", "mxfp4") for f, _ in ctx.extra_formats)
         sets = [C.make_inputs(batch, kv_len, seed=args.seed + 1000 * index + i, device=ctx.device,
-                              keep_bf16=not args.no_bmm)
+                              keep_bf16=need_bf16)
                 for i in range(args.sets)]
         timer.sync()
     except Exception as e:  # noqa: BLE001
