@@ -4,9 +4,6 @@
 #include "mlagen/internal.h"
 #include "mlagen/device/mla_decode.cuh"       // NVIDIA: mma.sync kernel
 #include "mlagen/device/mla_decode_gfx9.cuh"  // AMD: MFMA kernel
-#if defined(MLAGEN_NVIDIA) && MLAGEN_WG_TMA
-#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
-#endif
 
 namespace mlagen::device {
 
@@ -60,37 +57,6 @@ mlagen_status ensure_smem_limit(Kernel* kernel, int bytes, uint64_t& configured)
   return MLAGEN_OK;
 }
 
-#if defined(MLAGEN_NVIDIA) && MLAGEN_WG_TMA
-// The KV tensor maps of the TMA experiment (shapes.cuh Params): rows of 576 bytes at
-// kv_stride_bytes, boxes of 64 rows. The driver's encoder is fetched once.
-inline mlagen_status encode_kv_maps(Params& p) {
-  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      fn = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  if (!encode) return fail(MLAGEN_ERR_DEVICE, "cuTensorMapEncodeTiled: not available from the driver");
-  if (p.total_kv >= (int64_t{1} << 31))
-    return fail(MLAGEN_ERR_DEVICE, "total_kv=%lld: the TMA path takes at most 2^31 - 1 rows", (long long)p.total_kv);
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kQkDim), static_cast<cuuint64_t>(p.total_kv > 0 ? p.total_kv : 1)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(p.kv_stride_bytes)};
-  const cuuint32_t box_main[2] = {128, MLAGEN_WG_TMA_ROWS}, box_rope[2] = {64, MLAGEN_WG_TMA_ROWS}, unit[2] = {1, 1};
-  void* base = const_cast<uint8_t*>(p.kv);
-  CUresult r = encode(&p.kv_map_main, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, base, dims, strides, box_main, unit,
-                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r == CUDA_SUCCESS)
-    r = encode(&p.kv_map_rope, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, base, dims, strides, box_rope, unit,
-               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_64B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) return fail(MLAGEN_ERR_DEVICE, "cuTensorMapEncodeTiled failed: CUresult %d", static_cast<int>(r));
-  return MLAGEN_OK;
-}
-#endif
-
 #if defined(MLAGEN_NVIDIA)
 // Programmatic dependent launch: the grid is launched while the previous one in the stream
 // still runs and waits on the device (griddepcontrol.wait) for its results, which hides
@@ -114,13 +80,7 @@ hipError_t launch_dependent(Kernel* kernel, dim3 grid, dim3 block, int smem, hip
 // [q_amax_kernel, when fp8 q is quantized here] -> decode -> [combine, when split].
 template <class T, class Shape>
 mlagen_status launch_mla_decode(const mlagen_problem* pr, int32_t splits) {
-  Params p = make_params(pr, splits);
-#if defined(MLAGEN_NVIDIA) && MLAGEN_WG_TMA
-  if constexpr (T::kWarpgroup && T::kKv == KvFormat::kFp8) {
-    const mlagen_status ts = encode_kv_maps(p);
-    if (ts != MLAGEN_OK) return ts;
-  }
-#endif
+  const Params p = make_params(pr, splits);
   auto* kernel = &mla_decode_kernel<T, Shape>;
   auto* combine = &mla_combine_kernel<T, Shape>;
   static uint64_t smem_configured = 0;  // one per (tiling, shape) instantiation = one per kernel

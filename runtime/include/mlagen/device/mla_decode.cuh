@@ -465,7 +465,7 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
 }
 
 template <class T, class Shape>
-__global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm) mla_decode_kernel(const __grid_constant__ Params p) {
+__global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm) mla_decode_kernel(const Params p) {
   extern __shared__ __align__(128) uint8_t smem[];
   if constexpr (T::kWide)
     decode_wide<T, Shape>(p, smem);

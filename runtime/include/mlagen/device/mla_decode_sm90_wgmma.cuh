@@ -81,8 +81,7 @@ struct WgLayout {
   static constexpr int kTokOffset = kColOffset + kHeads * 4;
   static constexpr int kMxLut = 20;  // block exponents -13..6 relative to the token's (below: zeros)
   static constexpr int kLutOffset = kTokOffset + (kMx ? 2 * kBlockN * 4 : 0);
-  static constexpr int kBarOffset = kLutOffset + (kMx ? kMxLut * 8 : 0);  // TMA: [kStages] mbarriers
-  static constexpr int kSmemBytes = kBarOffset + (MLAGEN_WG_TMA ? kStages * 8 : 0) + kAlign;  // + room to align the base
+  static constexpr int kSmemBytes = kLutOffset + (kMx ? kMxLut * 8 : 0) + kAlign;  // + room to align the base
   static_assert(kPackedStageBytes % 16 == 0 && kQOffset % 16 == 0, "16-byte copies");
   static_assert(kCopiesPerThread * kThreads == kBlockN * kChunksPerRow, "whole copies a thread");
 
@@ -116,7 +115,6 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   using L = WgLayout<T::kStages, T::kKv>;
   constexpr int BN = L::kBlockN, ST = L::kStages, W = 4;
   constexpr bool kMx = L::kMx;
-  constexpr bool kTma = MLAGEN_WG_TMA && !kMx;  // fp8 tiles by the bulk tensor copy (experiment)
   static_assert(MLAGEN_WARP_SIZE == 32, "wgmma fragments are defined for 32-lane warps");
   static_assert(L::kSmemBytes <= 227 * 1024, "shared memory over sm_90's 227 KB a block: fewer stages");
   const uint32_t s_raw = smem_addr(smem);
@@ -166,40 +164,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   const uint32_t src_main = static_cast<uint32_t>(row_main * stride) + c8 * 16;  // < 2^31: rows < 64
   const uint32_t src_rope = static_cast<uint32_t>(row_rope * stride) + 512 + c4 * 16;
   const uint32_t step16 = static_cast<uint32_t>(16 * stride);
-  // TMA: slot s completes phase k when its k-th tile (j = s + k ST) has landed; thread 0
-  // arms the barrier with the tile's bytes and issues five boxes (4 x 128-byte-swizzled
-  // 64 x 128 B, 1 x 64-byte-swizzled 64 x 64 B): the swizzled layout above, as is.
-  const uint32_t s_bar = s_base + L::kBarOffset;
-  if constexpr (kTma) {
-    if (tid == 0) {
-#pragma unroll
-      for (int s = 0; s < ST; ++s) mbar_init(s_bar + 8 * s, 1);
-      fence_mbar_init();
-    }
-    __syncthreads();
-  }
   auto issue_tile = [&](int j) {
-#if MLAGEN_WG_TMA
-    if constexpr (kTma) {
-      constexpr int R = MLAGEN_WG_TMA_ROWS, G = BN / R;  // rows a box, row groups a tile
-      if (j < ntiles && w == 0) {
-        const uint32_t dst = s_base + (j % ST) * L::kStageBytes, bar = s_bar + 8 * (j % ST);
-        const int y = static_cast<int>(seq.kv_begin) + tok_begin + j * BN;
-        if (lane == 0) mbar_arrive_expect_tx(bar, L::kStageBytes);
-        __syncwarp();
-        // boxes in row-group order (each group of R rows whole before the next): box i of
-        // lane i % 32: group i / 5, part i % 5 (atoms 0..3, then the rope)
-        for (int i = lane; i < 5 * G; i += 32) {
-          const int gr = i / 5, part = i % 5;
-          if (part < 4)
-            tma_load_2d(dst + part * L::kAtom128Bytes + gr * R * 128, &p.kv_map_main, 128 * part, y + gr * R, bar);
-          else
-            tma_load_2d(dst + L::kRopeOffset + gr * R * 64, &p.kv_map_rope, 512, y + gr * R, bar);
-        }
-      }
-      return;
-    }
-#endif
     if (kMx && j < ntiles) {  // packed rows (9 copies a thread) + the tile's scale window
       const int tok0 = tok_begin + j * BN;
       const int rows_left = tok_end - tok0;
@@ -405,20 +370,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   };
 
   for (int it = 0; it < ntiles; ++it) {
-    if constexpr (kTma) {
-      mbar_wait(s_bar + 8 * (it % ST), (it / ST) & 1);
-      // a short last tile: the boxes brought the next rows of the KV tensor (or zeros past
-      // its end); zero them as cp.async's predicated copies would, so that no byte of
-      // another sequence (a NaN in an unused cache slot) meets P = 0 in P V
-      const int valid_rows = tok_end - (tok_begin + it * BN);
-      if (valid_rows < BN) {
-        const uint32_t tile_z = s_base + (it % ST) * L::kStageBytes;
-        for (int c = tid; c < (BN - valid_rows) * L::kChunksPerRow; c += L::kThreads)
-          sts128(tile_z + L::kv_at(valid_rows + c / L::kChunksPerRow, 16 * (c % L::kChunksPerRow)), make_uint4(0u, 0u, 0u, 0u));
-      }
-    } else {
-      cp_async_wait<ST - 2>();  // tile `it` landed (later ones may still fly)
-    }
+    cp_async_wait<ST - 2>();  // tile `it` landed (later ones may still fly)
     fence_proxy_async_smem();
     __syncthreads();  // ... for every thread; P, the maxima and tile it-1's slot are free
     if (it == 0) mark(3);

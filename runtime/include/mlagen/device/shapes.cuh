@@ -5,16 +5,7 @@
 #pragma once
 #include "mlagen/platform.h"
 #if defined(MLAGEN_NVIDIA)
-#include <cuda.h>  // CUtensorMap
 #include <cuda_bf16.h>
-#endif
-// Experiments: the sm90a fp8 warpgroup kernel lands KV tiles with the bulk tensor copy
-// engine (TMA, mbarriers) instead of cp.async (docs/perf.md v5).
-#ifndef MLAGEN_WG_TMA
-#define MLAGEN_WG_TMA 0
-#endif
-#ifndef MLAGEN_WG_TMA_ROWS  // KV rows a TMA box (64: one box per 128-byte column of a tile; 8: per swizzle atom)
-#define MLAGEN_WG_TMA_ROWS 64
 #endif
 
 namespace mlagen::device {
@@ -45,12 +36,6 @@ struct Params {
   int32_t batch, splits;
   int64_t total_q, total_kv;
   float sm_scale;
-#if defined(MLAGEN_NVIDIA) && MLAGEN_WG_TMA
-  // the KV rows as a 2-D byte tensor [total_kv][576]: boxes of 64 rows x 128 bytes with the
-  // 128-byte swizzle (dims 0..511) and 64 x 64 with the 64-byte swizzle (the rope dims);
-  // encoded on the host per call (launch.cuh); read through the kernel's __grid_constant__
-  CUtensorMap kv_map_main, kv_map_rope;
-#endif
 };
 
 struct Sequence {
