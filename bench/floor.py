@@ -50,19 +50,27 @@ def build_read_kernels():
     import triton
     import triton.language as tl
 
-    def make(policy):
-        @triton.jit
-        def stream_read(x_ptr, part_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
-            pid = tl.program_id(0)
-            base = pid.to(tl.int64) * (BLOCK * ITERS)
-            acc = tl.zeros([BLOCK], dtype=tl.int32)
-            for i in tl.static_range(ITERS):
-                offs = base + i * BLOCK + tl.arange(0, BLOCK)
-                acc += tl.load(x_ptr + offs, mask=offs < n, other=0, cache_modifier=".cg", eviction_policy=policy)
-            tl.store(part_ptr + pid, tl.sum(acc, axis=0))
-        return stream_read
+    @triton.jit
+    def stream_read(x_ptr, part_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
+        pid = tl.program_id(0)
+        base = pid.to(tl.int64) * (BLOCK * ITERS)
+        acc = tl.zeros([BLOCK], dtype=tl.int32)
+        for i in tl.static_range(ITERS):
+            offs = base + i * BLOCK + tl.arange(0, BLOCK)
+            acc += tl.load(x_ptr + offs, mask=offs < n, other=0, cache_modifier=".cg")
+        tl.store(part_ptr + pid, tl.sum(acc, axis=0))
 
-    return triton, {"": make(""), "evict_first": make("evict_first")}
+    @triton.jit
+    def stream_read_evict_first(x_ptr, part_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
+        pid = tl.program_id(0)
+        base = pid.to(tl.int64) * (BLOCK * ITERS)
+        acc = tl.zeros([BLOCK], dtype=tl.int32)
+        for i in tl.static_range(ITERS):
+            offs = base + i * BLOCK + tl.arange(0, BLOCK)
+            acc += tl.load(x_ptr + offs, mask=offs < n, other=0, cache_modifier=".cg", eviction_policy="evict_first")
+        tl.store(part_ptr + pid, tl.sum(acc, axis=0))
+
+    return triton, {"": stream_read, "evict_first": stream_read_evict_first}
 
 
 class CleanFlushTimer(Timer):
