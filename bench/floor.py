@@ -67,7 +67,7 @@ def build_read_kernels():
         acc = tl.zeros([BLOCK], dtype=tl.int32)
         for i in tl.static_range(ITERS):
             offs = base + i * BLOCK + tl.arange(0, BLOCK)
-            acc += tl.load(x_ptr + offs, mask=offs < n, other=0, cache_modifier=".cg", eviction_policy="evict_first")
+            acc += tl.load(x_ptr + offs, mask=offs < n, other=0, eviction_policy="evict_first")  # (.cg excludes it)
         tl.store(part_ptr + pid, tl.sum(acc, axis=0))
 
     return triton, {"": stream_read, "evict_first": stream_read_evict_first}
