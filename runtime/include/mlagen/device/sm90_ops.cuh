@@ -51,7 +51,9 @@ MLAGEN_DEVICE void cp_async_16(uint32_t dst, const void* src, bool pred) { cp_as
 // All 16 bytes (no source-size operand).
 MLAGEN_DEVICE void cp_async_16_full(uint32_t dst, const void* src) {
 #if MLAGEN_KV_L2_EVICT_FIRST
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+  // src-size written out: without it ptxas 13 mis-encoded the hinted copy in the warpgroup
+  // kernel (illegal instruction at run time)
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, 16, %2;\n" ::"r"(dst), "l"(src),
                "l"(l2_policy_evict_first()) : "memory");
 #else
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
