@@ -330,10 +330,22 @@ def bench_shape(ctx, index: int, batch: int, kv_len: int) -> dict:
         col = row.setdefault(cname, {})
         try:
             errs = []
+            # "fp8s": an fp8 q the caller quantized (the recipe's q8 and scale, made outside the
+            # timed call), passed with its q_scale; "fp8": a bf16 q quantized in the call
+            qd = "fp8" if q_dtype == "fp8s" else q_dtype
+            from mlagen import quant
+
+            def q_and_kw(s):
+                if q_dtype != "fp8s":
+                    return s["q"], {}
+                if "q8" not in s:
+                    s["q8"] = quant.quantize_q_fp8(s["q"])
+                return s["q8"][0], {"q_scale": s["q8"][1]}
             for s in sets:
-                ref32 = C.reference_as_seen(s, fmt, q_dtype)
-                out = ctx.mlagen.decode(s["q"], s["kv_data"], s["qo_indptr"], s["kv_indptr"], s["config"],
-                                        kv_format=fmt, q_dtype=q_dtype)
+                ref32 = C.reference_as_seen(s, fmt, qd)
+                q_in, kw = q_and_kw(s)
+                out = ctx.mlagen.decode(q_in, s["kv_data"], s["qo_indptr"], s["kv_indptr"], s["config"],
+                                        kv_format=fmt, q_dtype=qd, **kw)
                 timer.sync()
                 errs.append(C.rel_l2(out, ref32))
                 del out, ref32
@@ -343,8 +355,9 @@ def bench_shape(ctx, index: int, batch: int, kv_len: int) -> dict:
                 row["errors"].append(f"{cname}: relative L2 error {max(errs):.3g} >= {args.tol:g}")
                 col["error"] = "check failed"
             else:
-                fns[cname] = [functools.partial(ctx.mlagen.decode, s["q"], s["kv_data"], s["qo_indptr"],
-                                                s["kv_indptr"], s["config"], kv_format=fmt, q_dtype=q_dtype)
+                fns[cname] = [functools.partial(ctx.mlagen.decode, q_and_kw(s)[0], s["kv_data"], s["qo_indptr"],
+                                                s["kv_indptr"], s["config"], kv_format=fmt, q_dtype=qd,
+                                                **q_and_kw(s)[1])
                               for s in sets]
         except Exception as e:  # noqa: BLE001
             col["error"] = err_text(e)
@@ -446,7 +459,7 @@ def bench_shape(ctx, index: int, batch: int, kv_len: int) -> dict:
 
 
 def format_column(fmt_name: str, q_dtype: str) -> str:
-    return f"mlagen_{fmt_name}" + ("_q8" if q_dtype == "fp8" else "")
+    return f"mlagen_{fmt_name}" + {"fp8": "_q8", "fp8s": "_q8s"}.get(q_dtype, "")
 
 
 def fmt(x, spec=".1f", na="n/a"):
@@ -646,7 +659,7 @@ def make_chart(results: dict, path: str) -> None:
     fcols = [format_column(f, q) for f, q in results.get("extra_formats", [])]
     fcolors = ["#9467bd", "#8c564b", "#e377c2", "#17becf"]
     series = [("mlagen", [r["mlagen"].get("median_us") for r in rows], "#1f77b4", None)]
-    series += [(c.replace("mlagen_", "mlagen ").replace("_q8", " (fp8 q)") + " KV",
+    series += [(c.replace("mlagen_", "mlagen ").replace("_q8s", " (fp8 q given)").replace("_q8", " (fp8 q)") + " KV",
                 [(r.get(c) or {}).get("median_us") for r in rows], fcolors[i % 4], None) for i, c in enumerate(fcols)]
     series += [
                ("seed Triton", [r["seed"].get("median_us") for r in rows], "#ff7f0e", None),
@@ -713,9 +726,10 @@ def parse_args(argv=None):
                    help="seed variant: auto = SeedPeer times its variants (default); anchors = anchors.md's best")
     p.add_argument("--no-seed", action="store_true", help="skip the seed Triton column")
     p.add_argument("--no-bmm", action="store_true", help="skip the torch bmm column")
-    p.add_argument("--formats", default="bf16,mxfp4,fp8:fp8",
-                   help="extra mlagen columns, FORMAT[:QDTYPE] list (fp8 / bf16 / mxfp4, q bf16 or fp8); "
-                        "'' for none (default: bf16, mxfp4 and fp8 KV with fp8 q)")
+    p.add_argument("--formats", default="bf16,mxfp4,fp8:fp8,fp8:fp8s",
+                   help="extra mlagen columns, FORMAT[:QDTYPE] list (fp8 / bf16 / mxfp4; q bf16, fp8 = a bf16 q "
+                        "quantized in the call, fp8s = an fp8 q given with its scale); '' for none (default: "
+                        "bf16, mxfp4, and fp8 KV with both fp8 q routes)")
     p.add_argument("--no-host-overhead", action="store_true", help="skip the host-overhead measurement")
     p.add_argument("--kernel", default=None,
                    help="force this mlagen kernel (a name from mlagen.kernels(); tuning) instead of its dispatch")

@@ -232,6 +232,36 @@ def test_fp8_q_quantized_on_the_device_matches_the_recipe(spread):
         assert torch.isfinite(out_a.float()).all()
     with pytest.raises(mlagen.MlagenError, match="q_scale"):
         mlagen.decode(q8, inp["kv_data"], inp["qo_indptr"], inp["kv_indptr"], inp["config"], q_dtype="fp8")
+    # a q_scale unlike the one the cached plan validated is validated again, not passed on
+    with pytest.raises(mlagen.MlagenError, match="q_scale"):
+        mlagen.decode(q8, inp["kv_data"], inp["qo_indptr"], inp["kv_indptr"], inp["config"], q_dtype="fp8",
+                      q_scale=qs.double())
+
+
+@pytest.mark.parametrize("lens,kw", [([1024] * 4, {}), ([64] * 600, dict(force_generic=True, splits=1)),
+                                      ([700, 5, 1300], dict(force_generic=True, splits=3))],
+                         ids=["4x1024 specialized", "600 sequences: more blocks than the GPU holds", "generic split"])
+def test_fp8_q_quantized_on_the_device_call_after_call(lens, kw):
+    """fp8 q quantized in the call, several calls in a row whose max|q| rises and falls by
+    orders of magnitude: every call must use its own q's scale (the decode grid's barrier
+    keeps two amax slots and clears the next call's; a stale slot would keep the largest
+    scale). 600 one-tile sequences exceed what the GPU holds at once, so that grid takes the
+    pre-pass route instead. Each output bit for bit equal to passing the recipe's fp8 q."""
+    seed = fresh_seed()
+    inp = with_formats(make_inputs(lens, seed))
+    q0 = inp["q"]
+    for amp in (1.0, 1000.0, 1e-3, 1.0, 50.0, 1e-3):
+        q = (q0.float() * amp).to(torch.bfloat16)
+        out = torch.full((q.shape[0], 16, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+        mlagen.decode(q, inp["kv_data"], inp["qo_indptr"], inp["kv_indptr"], inp["config"], kv_format="fp8",
+                      q_dtype="fp8", out=out, **kw)
+        q8, qs = quant.quantize_q_fp8(q)
+        ref = mlagen.decode(q8, inp["kv_data"], inp["qo_indptr"], inp["kv_indptr"], inp["config"], kv_format="fp8",
+                            q_dtype="fp8", q_scale=qs, **kw)
+        torch.cuda.synchronize()
+        assert torch.isfinite(out.float()).all(), f"seed {seed} amp {amp}: non-finite output"
+        assert torch.equal(out, ref), f"seed {seed} amp {amp}: the call did not use its own q's scale"
+    mlagen.check_device_errors()
 
 
 @pytest.mark.parametrize("batch,kv_len", TEST_SHAPES, ids=lambda v: str(v))

@@ -285,23 +285,28 @@ def _meta(q, kv, kv_scale, qo_indptr, kv_indptr, config):
             config.get("kv_seq_len"), config.get("sm_scale"))
 
 
-def _decode_cached(q, kv_data, qo_indptr, kv_indptr, config, kv_format, q_dtype="bf16"):
+def _q_scale_meta(q_scale):
+    """What a plan validated about q_scale (part of the plan-cache keys)."""
+    return None if q_scale is None else (q_scale.dtype, q_scale.shape, q_scale.get_device())
+
+
+def _decode_cached(q, kv_data, qo_indptr, kv_indptr, config, kv_format, q_dtype="bf16", q_scale=None):
     """The per-call path once a plan exists for these tensors' metadata (None otherwise):
     the metadata is the cache key (everything the plan validated once: shapes, strides,
     dtypes, device, the uniform length and scale), then an output and one C call with the
-    per-call pointers. A bf16 q (q_dtype "fp8": quantized on the device); positional, no
-    keyword parsing: the leaderboard entry calls it directly."""
+    per-call pointers. A bf16 q (q_dtype "fp8": quantized on the device), or an fp8 q with its
+    q_scale; positional, no keyword parsing: the leaderboard entry calls it directly."""
     global _last_plan
     try:
         entry = kv_data[kv_format]
         kv, kv_scale = (entry, None) if kv_format == "bf16" and entry.__class__ is not tuple else entry
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
-    plan = _fast_plans.get(_meta(q, kv, kv_scale, qo_indptr, kv_indptr, config) + (q_dtype,))
+    plan = _fast_plans.get(_meta(q, kv, kv_scale, qo_indptr, kv_indptr, config) + (q_dtype, _q_scale_meta(q_scale)))
     if plan is None:
         return None
     out = _torch_mod.empty(plan.out_shape, dtype=plan.out_dtype, device=plan.device)
-    status = plan._run(plan._pp, q.data_ptr(), None, kv.data_ptr(), kv_scale.data_ptr() if kv_scale is not None else None,
+    status = plan._run(plan._pp, q.data_ptr(), q_scale.data_ptr() if q_scale is not None else None, kv.data_ptr(), kv_scale.data_ptr() if kv_scale is not None else None,
                        qo_indptr.data_ptr(), kv_indptr.data_ptr(), out.data_ptr(), _get_raw_stream(plan.device_index))
     if status:
         raise_for(status)
@@ -355,19 +360,19 @@ def decode(q, kv_data, qo_indptr, kv_indptr, config: dict, *, kv_format: str = "
     """
     global _last_plan
     kv_format = resolve_format(kv_data, kv_format)
-    if out is None and q_scale is None and not (force_generic or splits or kernel):
-        res = _decode_cached(q, kv_data, qo_indptr, kv_indptr, config, kv_format, q_dtype)
+    if out is None and not (force_generic or splits or kernel):
+        res = _decode_cached(q, kv_data, qo_indptr, kv_indptr, config, kv_format, q_dtype, q_scale)
         if res is not None:
             return res
     kv, kv_scale = _unpack_kv(kv_data, kv_format)
-    meta = _meta(q, kv, kv_scale, qo_indptr, kv_indptr, config) + (q_dtype, kv_format)
+    meta = _meta(q, kv, kv_scale, qo_indptr, kv_indptr, config) + (q_dtype, _q_scale_meta(q_scale), kv_format)
     key = meta + (force_generic, splits, kernel)
     plan = _plans.get(key)
     if plan is None:
         plan = prepare(q, kv, kv_scale, qo_indptr, kv_indptr, config, kv_format=kv_format, q_dtype=q_dtype,
                        q_scale=q_scale, force_generic=force_generic, splits=splits, kernel=kernel)
         _plans[key] = plan
-        if not (force_generic or splits or kernel) and q_scale is None:
+        if not (force_generic or splits or kernel):
             _fast_plans[meta[:-1]] = plan
     torch = _torch_mod
     if out is None:
