@@ -14,6 +14,7 @@
 //                             dequantized copy in global memory.
 // Query: bf16 (as given) or fp8 (the arch's flavour) with a per-tensor float32 scale.
 #pragma once
+#include "mlagen/mlagen.h"  // MLAGEN_DEVERR_*
 #include "mlagen/device/mla_common.cuh"
 
 namespace mlagen::device {
