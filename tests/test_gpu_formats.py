@@ -243,10 +243,10 @@ def test_fp8_q_quantized_on_the_device_matches_the_recipe(spread):
                          ids=["4x1024 specialized", "600 sequences: more blocks than the GPU holds", "generic split"])
 def test_fp8_q_quantized_on_the_device_call_after_call(lens, kw):
     """fp8 q quantized in the call, several calls in a row whose max|q| rises and falls by
-    orders of magnitude: every call must use its own q's scale (the decode grid's barrier
-    keeps two amax slots and clears the next call's; a stale slot would keep the largest
-    scale). 600 one-tile sequences exceed what the GPU holds at once, so that grid takes the
-    pre-pass route instead. Each output bit for bit equal to passing the recipe's fp8 q."""
+    orders of magnitude: every call must use its own q's scale (a stale maximum in the
+    workspace would keep the largest scale), on a specialized kernel, on a grid of more
+    blocks than the GPU holds at once, and on a split generic one. Each output bit for bit
+    equal to passing the recipe's fp8 q with its scale."""
     seed = fresh_seed()
     inp = with_formats(make_inputs(lens, seed))
     q0 = inp["q"]

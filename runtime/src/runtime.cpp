@@ -291,11 +291,9 @@ mlagen_status mlagen_take_device_errors(void* workspace, void* stream, uint32_t*
   if (e != hipSuccess) return fail(MLAGEN_ERR_DEVICE, "reading the device error word: %s", hipGetErrorString(e));
   *errors = host;
   if (host)
-    return fail(MLAGEN_ERR_INPUT_DATA, "device-side input check failed (0x%x):%s%s%s", host,
+    return fail(MLAGEN_ERR_INPUT_DATA, "device-side input check failed (0x%x):%s%s", host,
                 (host & MLAGEN_DEVERR_KV_INDPTR) ? " kv_indptr disagrees with total_kv / kv_len;" : "",
-                (host & MLAGEN_DEVERR_QO_INDPTR) ? " qo_indptr is not [0, 1, ..., batch] within total_q;" : "",
-                (host & MLAGEN_DEVERR_Q_SYNC) ? " the fp8-q grid barrier timed out (calls sharing a workspace "
-                                                "must be stream-ordered);" : "");
+                (host & MLAGEN_DEVERR_QO_INDPTR) ? " qo_indptr is not [0, 1, ..., batch] within total_q;" : "");
   return MLAGEN_OK;
 }
 

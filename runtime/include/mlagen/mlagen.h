@@ -43,8 +43,6 @@ typedef enum {
 /* Device-side input check results, OR-ed into the workspace's error word. */
 #define MLAGEN_DEVERR_KV_INDPTR 1u  /* kv_indptr not monotonic / outside total_kv / not the uniform kv_len */
 #define MLAGEN_DEVERR_QO_INDPTR 2u  /* qo_indptr[b+1]-qo_indptr[b] != q_len or outside total_q */
-#define MLAGEN_DEVERR_Q_SYNC 4u     /* fp8 q quantized on the device: the decode grid's barrier timed out
-                                       (calls sharing a workspace must be stream-ordered); output NaN */
 
 typedef struct {
   int32_t abi_version;       /* MLAGEN_ABI_VERSION */

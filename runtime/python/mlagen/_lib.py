@@ -8,7 +8,7 @@ ABI_VERSION = 2
 OK, ERR_INVALID, ERR_UNSUPPORTED, ERR_WORKSPACE, ERR_DEVICE, ERR_INPUT_DATA = range(6)
 DTYPE = {"bf16": 1, "fp8e4m3fn": 2, "fp8e4m3fnuz": 3, "mxfp4": 4, "fp8": 5}
 DTYPE_NAME = {v: k for k, v in DTYPE.items()}
-DEVERR_KV_INDPTR, DEVERR_QO_INDPTR, DEVERR_Q_SYNC = 1, 2, 4
+DEVERR_KV_INDPTR, DEVERR_QO_INDPTR = 1, 2
 
 _REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 DEFAULT_LIBRARY = os.path.join(_REPO, "build", "sm90a", "libmlagen.so")

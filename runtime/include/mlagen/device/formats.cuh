@@ -14,7 +14,6 @@
 //                             dequantized copy in global memory.
 // Query: bf16 (as given) or fp8 (the arch's flavour) with a per-tensor float32 scale.
 #pragma once
-#include "mlagen/mlagen.h"  // MLAGEN_DEVERR_*
 #include "mlagen/device/mla_common.cuh"
 
 namespace mlagen::device {
@@ -209,101 +208,29 @@ MLAGEN_DEVICE float div_round_bf16(float x, float scale, float inv) {
   return round_bf16(y);
 }
 
-// max|q| over rows first, first + step, ... < total_q of a bf16 q, by nthreads threads (this
-// one is tid), kInFlight 16-byte loads a thread in flight at a time; the thread's share.
-MLAGEN_DEVICE float absmax_bf16x8(uint4 v) {
-  const float a = fmaxf(fmaxf(fabsf(bf16_lo(v.x)), fabsf(bf16_hi(v.x))), fmaxf(fabsf(bf16_lo(v.y)), fabsf(bf16_hi(v.y))));
-  const float b = fmaxf(fmaxf(fabsf(bf16_lo(v.z)), fabsf(bf16_hi(v.z))), fmaxf(fabsf(bf16_lo(v.w)), fabsf(bf16_hi(v.w))));
-  return fmaxf(a, b);
-}
-template <int kInFlight>
-MLAGEN_DEVICE float q_rows_absmax(const Params& p, int64_t first, int64_t step, int tid, int nthreads) {
-  constexpr int kChunks = kHeads * kQkDim / 8;  // 16-byte pieces of a q row (1152)
-  const uint16_t* q = static_cast<const uint16_t*>(p.q);
-  const int64_t rows = first < p.total_q ? (p.total_q - 1 - first) / step + 1 : 0;
-  const int64_t pieces = rows * kChunks;
-  auto piece = [&](int64_t j) {
-    const int64_t r = first + (j / kChunks) * step;
-    const int i = static_cast<int>(j % kChunks);
-    const int h = i / (kQkDim / 8), d = 8 * (i % (kQkDim / 8));
-    return *reinterpret_cast<const uint4*>(q + r * p.q_stride_token + h * p.q_stride_head + d);
-  };
-  float m = 0.f;
-  for (int64_t j0 = tid; j0 < pieces; j0 += static_cast<int64_t>(kInFlight) * nthreads) {
-    uint4 v[kInFlight];
-#pragma unroll
-    for (int u = 0; u < kInFlight; ++u) v[u] = j0 + u * nthreads < pieces ? piece(j0 + u * nthreads) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-    for (int u = 0; u < kInFlight; ++u) m = fmaxf(m, absmax_bf16x8(v[u]));
-  }
-  return m;
-}
-
-MLAGEN_DEVICE float scale_of_amax(float amax) { return round_bf16(round_bf16(fmaxf(amax, 1e-12f)) / kFp8Max); }
-
-#if defined(MLAGEN_NVIDIA)
-// fp8 q quantized here without a pre-pass grid (p.q_sync; the launch made every block of the
-// grid resident at once, a cooperative launch): each block takes max|q| over rows bid,
-// bid + blocks, ... (one row a block when there are as many blocks as rows or more: on the
-// leaderboard, its own), folds it into this call's slot with atomicMax, and the blocks meet
-// at a grid barrier; then every block reads the slot. The wait overlaps the KV prologue,
-// issued before q_setup. Workspace words (zeroed once): q_sync[0] the barrier, q_sync[1 + ph]
-// the slots. The barrier never needs a reset: block 0 adds 2^31 - (blocks - 1), every other
-// block 1, so bit 31 flips once when the last block arrives; its value before the flip
-// (the phase) picks this call's slot, and block 0 clears the other one for the next call.
-// A barrier that does not complete within 0.5 s (the calls sharing a workspace were not
-// stream-ordered) flags MLAGEN_DEVERR_Q_SYNC and makes the output NaN instead of hanging.
-MLAGEN_DEVICE float q_amax_grid_sync(const Params& p) {
-  const int blocks = gridDim.x * gridDim.y, bid = blockIdx.y * gridDim.x + blockIdx.x;
-  uint32_t* const bar = p.q_sync;
-  const uint32_t phase = *reinterpret_cast<volatile uint32_t*>(bar) >> 31;  // stable until we arrive
-  float m = q_rows_absmax<9>(p, bid, blocks, threadIdx.x, blockDim.x);
-  for (int o = MLAGEN_WARP_SIZE / 2; o > 0; o /= 2) m = fmaxf(m, __shfl_xor(m, o));
-  if (threadIdx.x % MLAGEN_WARP_SIZE == 0) atomicMax(bar + 1 + phase, __float_as_uint(m));  // m >= 0: uint order
-  __syncthreads();  // the block's maxima are in before it arrives
-  if (threadIdx.x == 0) {
-    __threadfence();
-    const uint32_t old = atomicAdd(bar, bid == 0 ? 0x80000000u - static_cast<uint32_t>(blocks - 1) : 1u);
-    const uint64_t t0 = global_timer_ns();
-    while (((*reinterpret_cast<volatile uint32_t*>(bar) ^ old) >> 31) == 0) {
-      __nanosleep(64);
-      if (global_timer_ns() - t0 > 500000000ull) {
-        flag_error(p, MLAGEN_DEVERR_Q_SYNC);
-        atomicMax(bar + 1 + phase, 0x7fc00000u);  // NaN: larger than every finite |q| as a uint
-        break;
-      }
-    }
-    __threadfence();
-    if (bid == 0) bar[1 + (phase ^ 1)] = 0u;  // the next call's slot (no block of this call uses it)
-  }
-  __syncthreads();
-  return __uint_as_float(*reinterpret_cast<volatile uint32_t*>(bar + 1 + phase));
-}
-#endif
-
-// Once per block, before the first load_q4, by every thread of the block. fp8 q quantized
-// here: from the grid barrier above (p.q_sync), else from the pre-pass grid's maxima
+// Once per block, before the first load_q4. When quantizing, waits for the pre-pass grid
 // (programmatic dependent launch on NVIDIA: the KV prologue was issued before this).
+// The scale of an fp8 q given quantized, read by a kernel at its start next to the KV scale
+// (its round trip then overlaps the q loads instead of following them: ~1 us a call on the
+// H200, docs/perf.md v6); 1 for any other q.
 template <QFormat QF>
-MLAGEN_DEVICE QQuant q_setup(const Params& p) {
+MLAGEN_DEVICE float given_q_scale(const Params& p) {
+  return QF == QFormat::kFp8 && p.q_amax_parts == 0 ? *p.q_scale : 1.f;
+}
+
+template <QFormat QF>
+MLAGEN_DEVICE QQuant q_setup(const Params& p, float q_given) {
   if constexpr (QF == QFormat::kBf16) {
     return QQuant{1.f, false, 1.f};
   } else {
-    if (p.q_scale) return QQuant{*p.q_scale, false, 1.f};  // fp8 q as given
+    if (p.q_amax_parts == 0) return QQuant{q_given, false, 1.f};  // given_q_scale<QF>(p)
+    wait_for_prior_grid();
+    // every warp reduces the pre-pass maxima itself (a few loads a lane, then shuffles)
+    const int lane = threadIdx.x % MLAGEN_WARP_SIZE;
     float amax = 0.f;
-#if defined(MLAGEN_NVIDIA)
-    if (p.q_sync) {
-      amax = q_amax_grid_sync(p);
-    } else
-#endif
-    {
-      wait_for_prior_grid();
-      // every warp reduces the pre-pass maxima itself (a few loads a lane, then shuffles)
-      const int lane = threadIdx.x % MLAGEN_WARP_SIZE;
-      for (int i = lane; i < p.q_amax_parts; i += MLAGEN_WARP_SIZE) amax = fmaxf(amax, p.q_amax[i]);
-      for (int o = MLAGEN_WARP_SIZE / 2; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor(amax, o));
-    }
-    const float scale = scale_of_amax(amax);
+    for (int i = lane; i < p.q_amax_parts; i += MLAGEN_WARP_SIZE) amax = fmaxf(amax, p.q_amax[i]);
+    for (int o = MLAGEN_WARP_SIZE / 2; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor(amax, o));
+    const float scale = round_bf16(round_bf16(fmaxf(amax, 1e-12f)) / kFp8Max);
     return QQuant{scale, true, 1.f / scale};
   }
 }
@@ -315,7 +242,7 @@ template <QFormat QF>
 MLAGEN_DEVICE uint2 load_q4_raw(const Params& p, int64_t q_row, int head, int dim) {
   const int64_t at = q_row * p.q_stride_token + head * p.q_stride_head + dim;
   uint2 w;
-  if (QF == QFormat::kFp8 && p.q_scale) {  // fp8 q as given (q_setup: !quantize)
+  if (QF == QFormat::kFp8 && p.q_amax_parts == 0) {  // fp8 q as given (q_setup: !quantize)
     w.x = *reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(p.q) + at);
     w.y = 0u;
   } else {
@@ -342,15 +269,38 @@ MLAGEN_DEVICE float4 load_q4(const Params& p, const QQuant& qq, int64_t q_row, i
   return q4_from_raw<QF>(qq, load_q4_raw<QF>(p, q_row, head, dim));
 }
 
-// The pre-pass of fp8 q quantized here (when the grid barrier of q_amax_grid_sync is not
-// used): block i writes max|q| over rows i, i + grid, ... in 16-byte loads, 16 a thread in
-// flight (one round trip for up to 3.5 rows a block). kThreads threads; grid =
-// min(total_q, kQAmaxParts). (A template: one definition however many generated files
-// include it.)
+// The pre-pass of fp8 q quantized here: block i writes max|q| over rows i, i + grid, ...
+// in 16-byte loads, all of them in flight at once. kThreads threads; grid = min(total_q,
+// kQAmaxParts). (A template: one definition however many generated files include it.)
+MLAGEN_DEVICE float absmax_bf16x8(uint4 v) {
+  const float a = fmaxf(fmaxf(fabsf(bf16_lo(v.x)), fabsf(bf16_hi(v.x))), fmaxf(fabsf(bf16_lo(v.y)), fabsf(bf16_hi(v.y))));
+  const float b = fmaxf(fmaxf(fabsf(bf16_lo(v.z)), fabsf(bf16_hi(v.z))), fmaxf(fabsf(bf16_lo(v.w)), fabsf(bf16_hi(v.w))));
+  return fmaxf(a, b);
+}
 template <int kThreads = 256>
 __global__ void __launch_bounds__(kThreads) q_amax_kernel(const Params p) {
   allow_dependent_launch();  // the decode grid may start its KV loads now
-  float m = q_rows_absmax<16>(p, blockIdx.x, gridDim.x, threadIdx.x, kThreads);
+  constexpr int kChunks = kHeads * kQkDim / 8;  // 16-byte pieces of a q row (1152)
+  const uint16_t* q = static_cast<const uint16_t*>(p.q);
+  float m = 0.f;
+  // the block's rows blockIdx.x, + grid, ... as one run of pieces, kInFlight loads a thread
+  // at a time: one round trip for up to 3.5 rows a block (two rows at most for total_q <= 480)
+  constexpr int kInFlight = 16;
+  const int64_t rows = blockIdx.x < p.total_q ? (p.total_q - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+  const int64_t pieces = rows * kChunks;
+  auto piece = [&](int64_t j) {
+    const int64_t r = blockIdx.x + (j / kChunks) * gridDim.x;
+    const int i = static_cast<int>(j % kChunks);
+    const int h = i / (kQkDim / 8), d = 8 * (i % (kQkDim / 8));
+    return *reinterpret_cast<const uint4*>(q + r * p.q_stride_token + h * p.q_stride_head + d);
+  };
+  for (int64_t j0 = threadIdx.x; j0 < pieces; j0 += kInFlight * kThreads) {
+    uint4 v[kInFlight];
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) v[u] = j0 + u * kThreads < pieces ? piece(j0 + u * kThreads) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) m = fmaxf(m, absmax_bf16x8(v[u]));
+  }
   __shared__ float red[kThreads / MLAGEN_WARP_SIZE];
   for (int o = MLAGEN_WARP_SIZE / 2; o > 0; o /= 2) m = fmaxf(m, __shfl_xor(m, o));
   if (threadIdx.x % MLAGEN_WARP_SIZE == 0) red[threadIdx.x / MLAGEN_WARP_SIZE] = m;

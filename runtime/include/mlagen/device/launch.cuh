@@ -75,27 +75,7 @@ hipError_t launch_dependent(Kernel* kernel, dim3 grid, dim3 block, int smem, hip
   cfg.numAttrs = 1;
   return cudaLaunchKernelEx(&cfg, kernel, p);
 }
-
-// A cooperative launch: every block of the grid resident at once, or an error
-// (cudaErrorCooperativeLaunchTooLarge) instead of a launch; q_amax_grid_sync needs it.
-template <class Kernel>
-hipError_t launch_cooperative(Kernel* kernel, dim3 grid, dim3 block, int smem, hipStream_t stream, const Params& p) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeCooperative;
-  attr[0].val.cooperative = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, p);
-}
 #endif
-
-// Workspace bytes 32..43: the fp8-q grid barrier word and its two amax slots.
-constexpr size_t kQSyncOffset = 32;
 
 // [q_amax_kernel, when fp8 q is quantized here] -> decode -> [combine, when split].
 template <class T, class Shape>
@@ -108,35 +88,7 @@ mlagen_status launch_mla_decode(const mlagen_problem* pr, int32_t splits) {
   if (st != MLAGEN_OK) return st;
   const auto stream = static_cast<hipStream_t>(pr->stream);
   const dim3 grid(splits, pr->batch), block(T::kThreads);
-  bool launched = false;
-#if defined(MLAGEN_NVIDIA)
-  // fp8 q quantized here: the decode grid finds max|q| itself at a grid barrier (no pre-pass
-  // grid, no dependency wait) when the whole grid fits on the GPU at once; else, or when the
-  // cooperative launch is refused, the pre-pass route below.
-  static int capacity = 0;  // per kernel: blocks resident at once on this GPU (-1: unknown; benign race)
-  if (p.q_amax_parts > 0 && capacity == 0) {
-    int dev = 0, sms = 0, per_sm = 0;
-    const bool ok = hipGetDevice(&dev) == hipSuccess &&
-                    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
-                    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, T::kThreads, T::kSmemBytes) == cudaSuccess;
-    capacity = ok ? per_sm * sms : -1;
-  }
-  if (p.q_amax_parts > 0 && static_cast<int64_t>(grid.x) * grid.y <= capacity) {
-    Params pc = p;
-    pc.q_amax_parts = 0;
-    pc.q_sync = reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(pr->workspace) + kQSyncOffset);
-    const hipError_t le = launch_cooperative(kernel, grid, block, T::kSmemBytes, stream, pc);
-    if (le == hipSuccess)
-      launched = true;
-    else if (le == cudaErrorCooperativeLaunchTooLarge)
-      (void)cudaGetLastError();  // (another device of fewer SMs): the pre-pass route
-    else
-      return fail(MLAGEN_ERR_DEVICE, "decode launch (cooperative) failed: %s", hipGetErrorString(le));
-  }
-#endif
-  if (launched) {
-    // the cooperative grid above
-  } else if (p.q_amax_parts > 0) {
+  if (p.q_amax_parts > 0) {
     auto* amax = &q_amax_kernel<256>;
     hipLaunchKernelGGL(amax, dim3(p.q_amax_parts), dim3(256), 0, stream, p);
 #if defined(MLAGEN_NVIDIA)

@@ -133,6 +133,7 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
   const int splits = Shape::splits(p);
 
   const Sequence seq = Shape::sequence(p, b);
+  const float q_given = given_q_scale<T::kQ>(p);  // early: its round trip overlaps the q loads
   const SplitRange range = split_range(seq.len, split, splits, BN);
   const int ntiles = range.ntiles, tok_begin = range.tok_begin, tok_end = range.tok_end;
   const uint8_t* kv = p.kv + seq.kv_begin * p.kv_stride_bytes;
@@ -175,7 +176,7 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
 #pragma unroll
     for (int r = 0; r < 2; ++r)
       q_raw[c][r] = load_q4_raw<T::kQ>(p, seq.q_row, g + 8 * r, (warp * T::kQkChunksPerWarp + c) * 16 + 4 * t);
-  const QQuant qq = q_setup<T::kQ>(p);
+  const QQuant qq = q_setup<T::kQ>(p, q_given);
   const float s_scale = kv_scale * qq.scale * kKDecodeScale * p.sm_scale * kLog2e;  // log2 domain
   // Q as f16 A fragments for this warp's 144 dims. The k order inside each 16-dim chunk
   // is permuted to match how K arrives (4 consecutive fp8 per lane, see below):
@@ -311,6 +312,7 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
   const int splits = Shape::splits(p);
 
   const Sequence seq = Shape::sequence(p, b);
+  const float q_given = given_q_scale<T::kQ>(p);  // early: its round trip overlaps the q loads
   const SplitRange range = split_range(seq.len, split, splits, BN);
   const int ntiles = range.ntiles, tok_begin = range.tok_begin, tok_end = range.tok_end;
   const uint8_t* kv = p.kv + seq.kv_begin * p.kv_stride_bytes;
@@ -359,7 +361,7 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
       for (int hl = 0; hl < 2; ++hl)
         q_raw[c][r][hl] = load_q4_raw<T::kQ>(p, seq.q_row, g + 8 * r,
                                              (warp * T::kQkChunksPerWarp + c) * 16 + 8 * hl + 4 * (t >> 1));
-  const QQuant qq = q_setup<T::kQ>(p);  // after the KV prologue and the q loads
+  const QQuant qq = q_setup<T::kQ>(p, q_given);  // after the KV prologue and the q loads
   const float s_scale = qq.scale * p.sm_scale * kLog2e;  // log2 domain
   // Q as bf16 A fragments, natural k order: a[0] = Q[g][2t, 2t+1], a[1] = Q[g+8][2t, 2t+1],
   // a[2] = Q[g][2t+8, 2t+9], a[3] = Q[g+8][2t+8, 2t+9] of each 16-dim chunk.

@@ -133,6 +133,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   allow_dependent_launch();
   const int splits = Shape::splits(p);
   const Sequence seq = Shape::sequence(p, b);
+  const float q_given = given_q_scale<T::kQ>(p);  // early: its round trip overlaps the q loads
   const SplitRange range = split_range(seq.len, split, splits, BN);
   const int ntiles = range.ntiles, tok_begin = range.tok_begin, tok_end = range.tok_end;
   const uint8_t* kv = p.kv + seq.kv_begin * p.kv_stride_bytes;
@@ -231,7 +232,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   uint2 q_raw[18];
 #pragma unroll
   for (int i = 0; i < 18; ++i) q_raw[i] = load_q4_raw<T::kQ>(p, seq.q_row, h, dim_of(i));
-  const QQuant qq = q_setup<T::kQ>(p);
+  const QQuant qq = q_setup<T::kQ>(p, q_given);
   {
     float4 v[18];
     float amax = 0.f;

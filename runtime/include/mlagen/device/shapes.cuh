@@ -20,9 +20,7 @@ struct Params {
   int64_t q_stride_token, q_stride_head;
   const float* q_scale;     // fp8 q given quantized: one float32 on the device (dequant = q * scale)
   float* q_amax;            // fp8 q quantized here from bf16 q: per-block |q| maxima of q_amax_kernel
-  int32_t q_amax_parts;     //   (that many; 0 = no pre-pass)
-  uint32_t* q_sync;         // fp8 q quantized here by the decode grid itself: barrier + 2 amax slots
-                            //   (formats.cuh q_amax_grid_sync; null = pre-pass or q given)
+  int32_t q_amax_parts;     //   (that many; 0 = not quantizing here)
   const uint8_t* kv;        // [total_kv, row]: fp8 576 B, bf16 1152 B or mxfp4 288 B a row
   int64_t kv_stride_bytes;
   const float* kv_scale;    // fp8 KV: one float32 on the device; null for bf16 / mxfp4
