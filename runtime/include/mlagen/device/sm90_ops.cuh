@@ -23,41 +23,16 @@ MLAGEN_DEVICE uint64_t global_timer_ns() {
   return t;
 }
 
-// L2 policy of the streamed KV: evict_first. A KV tile is read once, so its lines should be
-// the first victims of their L2 set; the lines already there (other kernels' data, dirty
-// ones included) are not evicted, and not written back, to make room for the stream.
-// MLAGEN_KV_L2_EVICT_FIRST=0 gives the plain cp.async (measurements: docs/perf.md v6).
-#ifndef MLAGEN_KV_L2_EVICT_FIRST
-#define MLAGEN_KV_L2_EVICT_FIRST 0
-#endif
-MLAGEN_DEVICE uint64_t l2_policy_evict_first() {
-  uint64_t p;
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));  // not volatile: CSE'd
-  return p;
-}
-
 // 16-byte global -> shared copy that bypasses L1; when !pred nothing is read and the
 // destination is zero-filled (src-size 0), so a short last tile holds zeros, not garbage.
 // cp.async of `bytes` (0..16) source bytes into a 16-byte destination, the rest zero-filled.
 MLAGEN_DEVICE void cp_async_16_partial(uint32_t dst, const void* src, int bytes) {
-#if MLAGEN_KV_L2_EVICT_FIRST
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src), "r"(bytes),
-               "l"(l2_policy_evict_first()) : "memory");
-#else
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
-#endif
 }
 MLAGEN_DEVICE void cp_async_16(uint32_t dst, const void* src, bool pred) { cp_async_16_partial(dst, src, pred ? 16 : 0); }
 // All 16 bytes (no source-size operand).
 MLAGEN_DEVICE void cp_async_16_full(uint32_t dst, const void* src) {
-#if MLAGEN_KV_L2_EVICT_FIRST
-  // src-size written out: without it ptxas 13 mis-encoded the hinted copy in the warpgroup
-  // kernel (illegal instruction at run time)
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, 16, %2;\n" ::"r"(dst), "l"(src),
-               "l"(l2_policy_evict_first()) : "memory");
-#else
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-#endif
 }
 MLAGEN_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
