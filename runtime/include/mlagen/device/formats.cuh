@@ -19,7 +19,11 @@
 namespace mlagen::device {
 
 enum class KvFormat { kFp8, kBf16, kMxfp4 };
-enum class QFormat { kBf16, kFp8 };
+// The query as a kernel reads it: bf16; fp8 given quantized (with q_scale); or a bf16 q
+// that the kernel quantizes to fp8 (the pre-pass maxima). The generator and the registry
+// know kBf16 / kFp8; an fp8-q launch picks the kFp8FromBf16 instantiation of the same
+// kernel when the library quantizes (launch.cuh), so neither route carries the other's code.
+enum class QFormat { kBf16, kFp8, kFp8FromBf16 };
 
 constexpr int kMxBlock = 32;                      // values per E8M0 scale
 constexpr int kMxBlocks = kQkDim / kMxBlock;      // 18 scales a token
@@ -208,22 +212,24 @@ MLAGEN_DEVICE float div_round_bf16(float x, float scale, float inv) {
   return round_bf16(y);
 }
 
-// Once per block, before the first load_q4. When quantizing, waits for the pre-pass grid
-// (programmatic dependent launch on NVIDIA: the KV prologue was issued before this).
 // The scale of an fp8 q given quantized, read by a kernel at its start next to the KV scale
 // (its round trip then overlaps the q loads instead of following them: ~1 us a call on the
 // H200, docs/perf.md v6); 1 for any other q.
 template <QFormat QF>
 MLAGEN_DEVICE float given_q_scale(const Params& p) {
-  return QF == QFormat::kFp8 && p.q_amax_parts == 0 ? *p.q_scale : 1.f;
+  if constexpr (QF == QFormat::kFp8) return *p.q_scale;
+  return 1.f;
 }
 
+// Once per block, before the first load_q4. When quantizing, waits for the pre-pass grid
+// (programmatic dependent launch on NVIDIA: the KV prologue was issued before this).
 template <QFormat QF>
 MLAGEN_DEVICE QQuant q_setup(const Params& p, float q_given) {
   if constexpr (QF == QFormat::kBf16) {
     return QQuant{1.f, false, 1.f};
+  } else if constexpr (QF == QFormat::kFp8) {
+    return QQuant{q_given, false, 1.f};  // given_q_scale<QF>(p)
   } else {
-    if (p.q_amax_parts == 0) return QQuant{q_given, false, 1.f};  // given_q_scale<QF>(p)
     wait_for_prior_grid();
     // every warp reduces the pre-pass maxima itself (a few loads a lane, then shuffles)
     const int lane = threadIdx.x % MLAGEN_WARP_SIZE;
@@ -242,7 +248,7 @@ template <QFormat QF>
 MLAGEN_DEVICE uint2 load_q4_raw(const Params& p, int64_t q_row, int head, int dim) {
   const int64_t at = q_row * p.q_stride_token + head * p.q_stride_head + dim;
   uint2 w;
-  if (QF == QFormat::kFp8 && p.q_amax_parts == 0) {  // fp8 q as given (q_setup: !quantize)
+  if constexpr (QF == QFormat::kFp8) {  // fp8 q as given
     w.x = *reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(p.q) + at);
     w.y = 0u;
   } else {
@@ -252,12 +258,12 @@ MLAGEN_DEVICE uint2 load_q4_raw(const Params& p, int64_t q_row, int head, int di
 }
 
 // Four consecutive query dims as fp32 from their stored words: bf16 exact; fp8 exact in
-// units of the scale (quantized here when qq.quantize).
+// units of the scale (quantized here for kFp8FromBf16).
 template <QFormat QF>
 MLAGEN_DEVICE float4 q4_from_raw(const QQuant& qq, uint2 v) {
-  if (QF == QFormat::kFp8 && !qq.quantize) return fp8x4_to_float4(v.x);
+  if constexpr (QF == QFormat::kFp8) return fp8x4_to_float4(v.x);
   float4 f = make_float4(bf16_lo(v.x), bf16_hi(v.x), bf16_lo(v.y), bf16_hi(v.y));
-  if (QF == QFormat::kFp8) {
+  if constexpr (QF == QFormat::kFp8FromBf16) {
     auto q8 = [&](float x) { return round_fp8(fminf(fmaxf(div_round_bf16(x, qq.scale, qq.inv), -kFp8Max), kFp8Max)); };
     f = make_float4(q8(f.x), q8(f.y), q8(f.z), q8(f.w));
   }

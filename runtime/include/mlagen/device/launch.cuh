@@ -77,29 +77,10 @@ hipError_t launch_dependent(Kernel* kernel, dim3 grid, dim3 block, int smem, hip
 }
 #endif
 
-// [q_amax_kernel, when fp8 q is quantized here] -> decode -> [combine, when split].
-template <class T, class Shape>
-mlagen_status launch_mla_decode(const mlagen_problem* pr, int32_t splits) {
-  const Params p = make_params(pr, splits);
-  auto* kernel = &mla_decode_kernel<T, Shape>;
-  auto* combine = &mla_combine_kernel<T, Shape>;
-  static uint64_t smem_configured = 0;  // one per (tiling, shape) instantiation = one per kernel
-  const mlagen_status st = ensure_smem_limit(kernel, T::kSmemBytes, smem_configured);
-  if (st != MLAGEN_OK) return st;
-  const auto stream = static_cast<hipStream_t>(pr->stream);
-  const dim3 grid(splits, pr->batch), block(T::kThreads);
-  if (p.q_amax_parts > 0) {
-    auto* amax = &q_amax_kernel<256>;
-    hipLaunchKernelGGL(amax, dim3(p.q_amax_parts), dim3(256), 0, stream, p);
-#if defined(MLAGEN_NVIDIA)
-    const hipError_t le = launch_dependent(kernel, grid, block, T::kSmemBytes, stream, p);
-    if (le != hipSuccess) return fail(MLAGEN_ERR_DEVICE, "decode launch failed: %s", hipGetErrorString(le));
-#else
-    hipLaunchKernelGGL(kernel, grid, block, T::kSmemBytes, stream, p);
-#endif
-  } else {
-    hipLaunchKernelGGL(kernel, grid, block, T::kSmemBytes, stream, p);
-  }
+// The combine (when split) after a decode launch, and the launch error check.
+template <class Combine>
+mlagen_status launch_combine(const mlagen_problem* pr, const Params& p, Combine* combine, int32_t splits,
+                             hipStream_t stream) {
   if (splits > 1) {
 #if defined(MLAGEN_NVIDIA)
     const hipError_t le = launch_dependent(combine, dim3(pr->batch * kHeads), dim3(128), 0, stream, p);
@@ -111,6 +92,41 @@ mlagen_status launch_mla_decode(const mlagen_problem* pr, int32_t splits) {
   const hipError_t e = hipGetLastError();
   if (e != hipSuccess) return fail(MLAGEN_ERR_DEVICE, "kernel launch failed: %s", hipGetErrorString(e));
   return MLAGEN_OK;
+}
+
+// [q_amax_kernel, when fp8 q is quantized here] -> decode -> [combine, when split].
+// An fp8-q kernel (T::kQ == kFp8) runs as generated for an fp8 q given with its scale, and as
+// its kFp8FromBf16 instantiation when the library quantizes a bf16 q.
+template <class T, class Shape>
+mlagen_status launch_mla_decode(const mlagen_problem* pr, int32_t splits) {
+  const Params p = make_params(pr, splits);
+  const auto stream = static_cast<hipStream_t>(pr->stream);
+  const dim3 grid(splits, pr->batch), block(T::kThreads);
+  auto* combine = &mla_combine_kernel<T, Shape>;
+  if constexpr (T::kQ == QFormat::kFp8) {
+    if (p.q_amax_parts > 0) {
+      using TQ = typename T::template WithQ<QFormat::kFp8FromBf16>;
+      auto* kernel = &mla_decode_kernel<TQ, Shape>;
+      static uint64_t smem_configured = 0;  // one per kernel
+      const mlagen_status st = ensure_smem_limit(kernel, TQ::kSmemBytes, smem_configured);
+      if (st != MLAGEN_OK) return st;
+      auto* amax = &q_amax_kernel<256>;
+      hipLaunchKernelGGL(amax, dim3(p.q_amax_parts), dim3(256), 0, stream, p);
+#if defined(MLAGEN_NVIDIA)
+      const hipError_t le = launch_dependent(kernel, grid, block, TQ::kSmemBytes, stream, p);
+      if (le != hipSuccess) return fail(MLAGEN_ERR_DEVICE, "decode launch failed: %s", hipGetErrorString(le));
+#else
+      hipLaunchKernelGGL(kernel, grid, block, TQ::kSmemBytes, stream, p);
+#endif
+      return launch_combine(pr, p, combine, splits, stream);
+    }
+  }
+  auto* kernel = &mla_decode_kernel<T, Shape>;
+  static uint64_t smem_configured = 0;  // one per (tiling, shape) instantiation = one per kernel
+  const mlagen_status st = ensure_smem_limit(kernel, T::kSmemBytes, smem_configured);
+  if (st != MLAGEN_OK) return st;
+  hipLaunchKernelGGL(kernel, grid, block, T::kSmemBytes, stream, p);
+  return launch_combine(pr, p, combine, splits, stream);
 }
 
 }  // namespace mlagen::device

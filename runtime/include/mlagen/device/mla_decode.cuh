@@ -31,6 +31,8 @@ struct Tiling : TileGeometry<kBlockN_, kStages_, /*warps=*/4> {
   using G = TileGeometry<kBlockN_, kStages_, 4>;
   static constexpr KvFormat kKv = kKv_;
   static constexpr QFormat kQ = kQ_;
+  template <QFormat Q>
+  using WithQ = Tiling<kBlockN_, kStages_, kKv_, Q>;  // the same kernel for another q route
   // fp8 or mxfp4 KV in tiles of 64 tokens: the warpgroup (wgmma) kernel,
   // mla_decode_sm90_wgmma.cuh (codegen/spec.py WARPGROUP_BLOCK_N says the same to the generator)
   static constexpr bool kWarpgroup =

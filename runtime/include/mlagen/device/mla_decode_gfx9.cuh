@@ -32,6 +32,8 @@ struct Tiling : TileGeometry<kBlockN_, kStages_, /*waves=*/4> {
   using G = TileGeometry<kBlockN_, kStages_, 4>;
   static constexpr KvFormat kKv = kKv_;
   static constexpr QFormat kQ = kQ_;
+  template <QFormat Q>
+  using WithQ = Tiling<kBlockN_, kStages_, kKv_, Q>;  // the same kernel for another q route
   static constexpr bool kWide = KvTraits<kKv>::kWide;
   static constexpr float kVUnit = kWide ? 1.f : kVDecodeScale;  // the combine's partial-O unit
   static constexpr bool kMx = kKv == KvFormat::kMxfp4;
