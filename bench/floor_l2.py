@@ -55,7 +55,7 @@ __global__ void __launch_bounds__(256) stream_read(const int4* __restrict__ x, l
   for (int o = 16; o > 0; o /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);
   if ((threadIdx.x & 31) == 0) atomicAdd(out, acc);
 }
-void read(torch::Tensor x, torch::Tensor out, int64_t pol) {
+void stream_read_bytes(torch::Tensor x, torch::Tensor out, int64_t pol) {
   const long long n16 = x.numel() * x.element_size() / 16;
   const int blocks = (int)((n16 + 256 * 8 - 1) / (256 * 8));
   auto s = at::cuda::getCurrentCUDAStream();
@@ -75,8 +75,8 @@ def main():
     a = ap.parse_args()
     import torch
     from torch.utils.cpp_extension import load_inline
-    ext = load_inline("mlagen_floor_l2", cpp_sources="void read(torch::Tensor x, torch::Tensor out, int64_t pol);",
-                      cuda_sources=SRC, functions=["read"], extra_cuda_cflags=["-O3", "-gencode=arch=compute_90a,code=sm_90a"],
+    ext = load_inline("mlagen_floor_l2", cpp_sources="void stream_read_bytes(torch::Tensor x, torch::Tensor out, int64_t pol);",
+                      cuda_sources=SRC, functions=["stream_read_bytes"], extra_cuda_cflags=["-O3", "-gencode=arch=compute_90a,code=sm_90a"],
                       verbose=False)
     dev = torch.device("cuda")
     timer, clean = Timer(torch, dev, 512 << 20), CleanFlushTimer(torch, dev, 512 << 20)
@@ -94,12 +94,12 @@ def main():
         row = {"shape": C.shape_name(b, l), "bytes": n * 4}
         for name, pol in (("cg", 0), ("l2_first", 1), ("l1na_l2first", 2)):
             out.zero_()
-            ext.read(x, out, pol)
+            ext.stream_read_bytes(x, out, pol)
             torch.cuda.synchronize()
             got = int(out.item()) & 0xffffffff
             if got != expect:
                 raise SystemExit(f"{name} on {row['shape']}: sum {got:#x} != {expect:#x}")
-            replay = graph_of(torch, lambda pol=pol: ext.read(x, out, pol))
+            replay = graph_of(torch, lambda pol=pol: ext.stream_read_bytes(x, out, pol))
             row[name] = med(timer, replay)
             if pol == 0:
                 row["cg_clean_flush"] = med(clean, replay)
