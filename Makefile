@@ -4,16 +4,18 @@ ARCH ?= sm90a
 BUILD ?= build/$(ARCH)
 SHAPES ?=
 GEN_ARGS := $(if $(SHAPES),--shapes $(SHAPES))
+# extra shapes generate into the build folder: the committed generated/ stays as it is
+GEN_DIR := $(if $(SHAPES),$(abspath $(BUILD))/generated,$(abspath generated))
 JOBS ?= $(shell nproc)
 export MLAGEN_LIBRARY ?= $(abspath $(BUILD)/libmlagen.so)
 export PYTHONPATH := $(abspath runtime/python):$(abspath .):$(PYTHONPATH)
 
-.PHONY: tune all generate check-generated list build test test-cpu test-gpu bench sanitize clean bundle leaderboard-test leaderboard-bench check-amd lib-amd bundle-amd
+.PHONY: tune all generate check-generated list build test test-cpu test-gpu bench sanitize clean bundle bundle-local leaderboard-test leaderboard-bench check-amd lib-amd
 
 all: build
 
 generate:
-	$(PYTHON) -m codegen generate $(GEN_ARGS)
+	$(PYTHON) -m codegen generate $(GEN_ARGS) --out $(GEN_DIR)
 
 list:
 	$(PYTHON) -m codegen list $(GEN_ARGS)
@@ -22,7 +24,8 @@ check-generated:
 	$(PYTHON) -m codegen check $(GEN_ARGS)
 
 build: generate
-	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLAGEN_ARCH=$(ARCH) -DMLAGEN_GEN_ARGS="$(if $(SHAPES),--shapes $(SHAPES))"
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLAGEN_ARCH=$(ARCH) -DMLAGEN_GEN_ARGS="$(GEN_ARGS)" \
+	  -DMLAGEN_GEN_DIR=$(GEN_DIR)
 	cmake --build $(BUILD) -j $(JOBS)
 	@echo "built $(MLAGEN_LIBRARY)"
 
@@ -47,21 +50,51 @@ tune: build
 sanitize: build
 	$(PYTHON) bench/sanitize.py
 
-KV_FORMAT ?= fastest
-# The library a bundle embeds: CMake for NVIDIA and for AMD on a ROCm machine (hipcc
-# found); without ROCm, an AMD library comes from the sid chroot toolchain (lib-amd).
-LIB_TARGET := $(if $(filter gfx%,$(ARCH)),$(if $(shell command -v hipcc),build,lib-amd),build)
+# ---- the leaderboard bundle ------------------------------------------------------------
+# dist/submission.py: the file to submit, MI355X (gfx950), carrying a slim library: only the
+# kernels its custom_kernel dispatches to (KV_FORMAT's eight leaderboard kernels and its generic
+# kernel), stripped. dist/submission_sm90a.py: the same for the H200, for local tests only.
+# tools/bundle.py refuses to write a file that the submission server would refuse.
+KV_FORMAT ?= fp8
+SUBMIT_ARCH := gfx950
+SLIM = build/slim-$(1)-$(KV_FORMAT)
+SLIM_GEN_ARGS = --arch $(1) --bundle $(KV_FORMAT)
 
-# dist/submission.py: the one-file leaderboard entry for ARCH, library embedded (see README)
-bundle: $(LIB_TARGET)
-	$(PYTHON) tools/bundle.py --lib $(BUILD)/libmlagen.so --arch $(ARCH) --kv-format $(KV_FORMAT) --out dist/submission.py
+# $(call slim_cmake,ARCH): the slim library through CMake (NVIDIA; AMD where ROCm's hipcc is)
+define slim_cmake
+	cmake -S . -B $(call SLIM,$(1)) -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLAGEN_ARCH=$(1) \
+	  -DMLAGEN_GEN_DIR=$(abspath $(call SLIM,$(1)))/generated -DMLAGEN_GEN_ARGS="$(call SLIM_GEN_ARGS,$(1))" \
+	  -DMLAGEN_LINEINFO=OFF -DMLAGEN_STRIP=ON
+	cmake --build $(call SLIM,$(1)) -j $(JOBS)
+endef
 
-# the leaderboard's method on the bundle, in a fresh process (GPU)
-leaderboard-test: bundle
-	$(PYTHON) -m tests.leaderboard.harness dist/submission.py --mode test --json dist/leaderboard-test.json
+# $(call slim_chroot,ARCH): the gfx950 slim library without ROCm (sid chroot, clang-21)
+define slim_chroot
+	tools/amd/setup_toolchains.sh
+	$(PYTHON) -m codegen generate $(call SLIM_GEN_ARGS,$(1)) --out $(abspath $(call SLIM,$(1)))/generated
+	cp runtime/src/runtime.cpp $(call SLIM,$(1))/runtime.hip
+	tools/amd/link_gfx950.sh --dlopen-check --gen $(call SLIM,$(1))/generated -o $(call SLIM,$(1))/libmlagen.so \
+	  -DMLAGEN_BUILD_ARCH='"$(1)"' -DMLAGEN_BUILD_$(shell echo $(1) | tr a-z A-Z)=1 \
+	  $(call SLIM,$(1))/runtime.hip $$(ls $(call SLIM,$(1))/generated/mla_decode_$(1)_*.hip | sort)
+	strip --strip-unneeded $(call SLIM,$(1))/libmlagen.so
+endef
 
-leaderboard-bench: bundle
-	$(PYTHON) -m tests.leaderboard.harness dist/submission.py --mode benchmark --seed-peer --json dist/leaderboard-bench.json
+bundle:
+	$(if $(shell command -v hipcc),$(call slim_cmake,$(SUBMIT_ARCH)),$(call slim_chroot,$(SUBMIT_ARCH)))
+	$(PYTHON) tools/bundle.py --lib $(call SLIM,$(SUBMIT_ARCH))/libmlagen.so --arch $(SUBMIT_ARCH) \
+	  --gen-dir $(call SLIM,$(SUBMIT_ARCH))/generated --kv-format $(KV_FORMAT) --out dist/submission.py
+
+bundle-local:
+	$(call slim_cmake,sm90a)
+	$(PYTHON) tools/bundle.py --lib $(call SLIM,sm90a)/libmlagen.so --arch sm90a --local-test \
+	  --gen-dir $(call SLIM,sm90a)/generated --kv-format $(KV_FORMAT) --out dist/submission_sm90a.py
+
+# the leaderboard's method on the local-test bundle, in a fresh process (GPU); dist/submission.py is left alone
+leaderboard-test: bundle-local
+	$(PYTHON) -m tests.leaderboard.harness dist/submission_sm90a.py --mode test --json dist/leaderboard-test.json
+
+leaderboard-bench: bundle-local
+	$(PYTHON) -m tests.leaderboard.harness dist/submission_sm90a.py --mode leaderboard --seed-peer --json dist/leaderboard-bench.json
 
 # AMD: compile-check every generated gfx942/gfx950 kernel and inspect its assembly (MFMA
 # present, no spills); toolchains: Debian clang-19 (gfx942) and clang-21 in a sid chroot.
@@ -78,10 +111,6 @@ lib-amd:
 	tools/amd/link_gfx950.sh --dlopen-check -o build/$(ARCH)/libmlagen.so \
 	  -DMLAGEN_BUILD_ARCH='"$(ARCH)"' -DMLAGEN_BUILD_$(shell echo $(ARCH) | tr a-z A-Z)=1 \
 	  build/$(ARCH)/runtime.hip $(sort $(wildcard generated/mla_decode_$(ARCH)_*.hip))
-
-# dist/submission_$(ARCH).py from the chroot-built AMD library (kept beside the NVIDIA bundle)
-bundle-amd: lib-amd
-	$(PYTHON) tools/bundle.py --lib build/$(ARCH)/libmlagen.so --arch $(ARCH) --kv-format $(KV_FORMAT) --out dist/submission_$(ARCH).py
 
 clean:
 	rm -rf build dist

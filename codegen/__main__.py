@@ -1,4 +1,4 @@
-"""python -m codegen {generate,list,check} [--shapes 48x2048,...] [--shapes-file F] [--arch A]"""
+"""python -m codegen {generate,list,check} [--shapes 48x2048,...] [--shapes-file F] [--arch A] [--bundle FMT] [--out DIR]"""
 from __future__ import annotations
 
 import argparse
@@ -16,6 +16,9 @@ def main(argv=None) -> int:
     ap.add_argument("--arch", default=",".join(catalog.DEFAULT_ARCHS),
                     help="comma-separated archs (default all; narrowing generate/check drops the other archs' files)")
     ap.add_argument("--filter", default="", help="keep only kernels whose name contains this")
+    ap.add_argument("--bundle", default="", metavar="KV_FORMAT",
+                    help="only what a leaderboard bundle of this kv format (fp8 | bf16 | mxfp4) dispatches to, "
+                         "for the one --arch: its eight shape kernels and its generic kernel (bf16 q)")
     ap.add_argument("--out", default=generate.GENERATED, help="output folder (default generated/)")
     ap.add_argument("--check", action="store_true", help="with generate: fail if the output is stale")
     a = ap.parse_args(argv)
@@ -24,7 +27,14 @@ def main(argv=None) -> int:
         if a.shapes_file:
             with open(a.shapes_file) as f:
                 shapes += catalog.parse_shapes(f.read())
-        specs = catalog.build_catalog(shapes, archs=[x for x in a.arch.split(",") if x])
+        archs = [x for x in a.arch.split(",") if x]
+        if a.bundle:
+            if len(archs) != 1 or shapes:
+                raise SpecError("--bundle: expected exactly one --arch and no --shapes (a bundle carries one "
+                                "arch's leaderboard kernels)")
+            specs = catalog.bundle_catalog(archs[0], a.bundle)
+        else:
+            specs = catalog.build_catalog(shapes, archs=archs)
     except (SpecError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

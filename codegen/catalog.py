@@ -120,6 +120,29 @@ def build_catalog(shapes: Iterable[tuple[int, int]] | None = None,
     return sorted(specs, key=lambda s: s.name)
 
 
+# The leaderboard's kv_data keys -> the spec's kv dtype on an arch (fp8: the arch's flavour).
+def kv_dtype_of(arch: str, kv_format: str) -> str:
+    if arch not in ARCHS:
+        raise SpecError(f"arch {arch!r}: expected one of {sorted(ARCHS)}")
+    table = {"fp8": ARCHS[arch][2], "bf16": "bf16", "mxfp4": "mxfp4"}
+    if kv_format not in table:
+        raise SpecError(f"kv format {kv_format!r}: expected one of {sorted(table)}")
+    return table[kv_format]
+
+
+def bundle_catalog(arch: str, kv_format: str, q_dtype: str = "bf16") -> list[KernelSpec]:
+    """What a leaderboard bundle's custom_kernel can dispatch to, and nothing else: the
+    specialized kernels of the eight leaderboard shapes and the generic kernel (default
+    tiles) of one (q, kv) dtype pair on one arch. Shapes of codegen/shapes.txt stay out."""
+    kv_dtype = kv_dtype_of(arch, kv_format)
+    full = build_catalog(archs=[arch], include_shapes_file=False)
+    keep = [s for s in full if (s.q_dtype, s.kv_dtype) == (q_dtype, kv_dtype)
+            and (s.role == 1 or (s.role == 0 and (s.batch, s.kv_len) in LEADERBOARD_SHAPES))]
+    if not any(s.role == 1 for s in keep):
+        raise SpecError(f"no generic kernel for q {q_dtype} / kv {kv_dtype} on {arch}: not a format a bundle can carry")
+    return keep
+
+
 def check_unique(specs: list[KernelSpec]) -> None:
     names, keys = {}, {}
     for s in specs:

@@ -172,10 +172,10 @@ def test_unsupported_dtype_prints_the_key(L):
 
 def test_decode_refuses_a_missing_or_small_workspace_before_touching_the_gpu(L):
     p = Problem.make(32, 8192)
-    st = L.mlagen_decode(ctypes.byref(p), None)
+    st = L.mlagen_decode(ctypes.byref(p), None, None)
     assert st == _lib.ERR_WORKSPACE and b"workspace" in L.mlagen_last_error()
     p.workspace, p.workspace_bytes = 0x10000, 1024
-    st = L.mlagen_decode(ctypes.byref(p), None)
+    st = L.mlagen_decode(ctypes.byref(p), None, None)
     assert st == _lib.ERR_WORKSPACE and b"expected >=" in L.mlagen_last_error()
 
 

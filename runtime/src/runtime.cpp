@@ -45,7 +45,8 @@ mlagen_status validate(const mlagen_problem* p) {
   do {                           \
     if (!(cond)) return fail(MLAGEN_ERR_INVALID, __VA_ARGS__); \
   } while (0)
-  MLAGEN_EXPECT(p->batch >= 1, "batch=%d: expected >= 1", p->batch);
+  MLAGEN_EXPECT(p->batch >= 1 && p->batch <= 65535, "batch=%d: expected 1..65535 (a grid dimension)", p->batch);
+  MLAGEN_EXPECT(p->device >= -1, "device=%d: expected a device index, or -1 for the current device", p->device);
   MLAGEN_EXPECT(p->num_heads == 16, "num_heads=%d: expected 16 (DeepSeek MLA at TP8)", p->num_heads);
   MLAGEN_EXPECT(p->num_kv_heads == 1, "num_kv_heads=%d: expected 1 (MQA over the shared latent)", p->num_kv_heads);
   MLAGEN_EXPECT(p->q_len == 1, "q_len=%d: expected 1", p->q_len);
@@ -72,7 +73,10 @@ mlagen_status validate(const mlagen_problem* p) {
   MLAGEN_EXPECT(p->q, "q: NULL pointer");
   MLAGEN_EXPECT(p->kv || p->total_kv == 0, "kv: NULL pointer");
   const bool fp8_kv = p->kv_dtype == MLAGEN_DTYPE_FP8E4M3FN || p->kv_dtype == MLAGEN_DTYPE_FP8E4M3FNUZ;
-  if (fp8_kv) MLAGEN_EXPECT(p->kv_scale, "kv_scale: NULL pointer (fp8 KV: a device float32)");
+  if (fp8_kv) {
+    MLAGEN_EXPECT(p->kv_scale, "kv_scale: NULL pointer (fp8 KV: a device float32)");
+    MLAGEN_EXPECT(aligned(p->kv_scale, 4), "kv_scale: address %p not 4-byte aligned (a float32)", p->kv_scale);
+  }
   if (p->kv_dtype == MLAGEN_DTYPE_MXFP4) {
     MLAGEN_EXPECT(p->kv_scale, "kv_scale: NULL pointer (mxfp4 KV: the E8M0 scale rows)");
     MLAGEN_EXPECT(aligned(p->kv_scale, 16), "kv_scale: address %p not 16-byte aligned (mxfp4 scale rows)",
@@ -87,9 +91,12 @@ mlagen_status validate(const mlagen_problem* p) {
   if (p->q_dtype == MLAGEN_DTYPE_FP8 && !p->q_from_bf16)
     MLAGEN_EXPECT(p->q_scale, "q_scale: NULL pointer (fp8 q: a device float32; or q_from_bf16=1 with a bf16 q)");
   if (p->q_from_bf16) MLAGEN_EXPECT(!p->q_scale, "q_scale: expected NULL with q_from_bf16=1 (the library finds it)");
+  if (p->q_scale) MLAGEN_EXPECT(aligned(p->q_scale, 4), "q_scale: address %p not 4-byte aligned (a float32)", p->q_scale);
   MLAGEN_EXPECT(p->qo_indptr, "qo_indptr: NULL pointer");
   MLAGEN_EXPECT(p->kv_indptr, "kv_indptr: NULL pointer");
   MLAGEN_EXPECT(p->out, "out: NULL pointer");
+  MLAGEN_EXPECT(aligned(p->qo_indptr, 4), "qo_indptr: address %p not 4-byte aligned (int32)", p->qo_indptr);
+  MLAGEN_EXPECT(aligned(p->kv_indptr, 4), "kv_indptr: address %p not 4-byte aligned (int32)", p->kv_indptr);
   // Layout: the kernels read q in 4-byte (fp8) / 8-byte (bf16) pieces, kv rows and out in
   // 16-byte pieces.
   const int q_align = p->q_dtype == MLAGEN_DTYPE_FP8 && !p->q_from_bf16 ? 4 : 8;
@@ -161,6 +168,9 @@ mlagen_status choose(const mlagen_problem* p, const KernelEntry** entry, int* sp
       if (e.role == 0 && (e.batch != p->batch || e.kv_len != p->kv_len))
         return fail(MLAGEN_ERR_INVALID, "kernel_name=%s: serves batch=%d kv_len=%d only, the problem has batch=%d kv_len=%d",
                     e.name, e.batch, e.kv_len, p->batch, p->kv_len);
+      if (e.role == 0 && p->splits != 0 && p->splits != e.splits)
+        return fail(MLAGEN_ERR_INVALID, "splits=%d: kernel_name=%s runs %d splits (fixed at generation); expected 0 or %d",
+                    p->splits, e.name, e.splits, e.splits);
       *entry = &e;
       *splits = e.role == 0 ? e.splits : generic_splits(p, e);
       return MLAGEN_OK;
@@ -250,7 +260,7 @@ size_t mlagen_workspace_bytes(const mlagen_problem* p) {
   return workspace_layout(p->batch, splits).bytes;
 }
 
-mlagen_status mlagen_decode(const mlagen_problem* p, mlagen_kernel_info* ran) {
+mlagen_status mlagen_decode(const mlagen_problem* p, mlagen_kernel_info* ran, void* stream) {
   const KernelEntry* e = nullptr;
   int splits = 0;
   mlagen_status st = choose(p, &e, &splits);
@@ -260,7 +270,15 @@ mlagen_status mlagen_decode(const mlagen_problem* p, mlagen_kernel_info* ran) {
     return fail(MLAGEN_ERR_WORKSPACE, "workspace: %zu bytes at %p, expected >= %zu bytes (mlagen_workspace_bytes)",
                 p->workspace_bytes, p->workspace, need);
   if (!aligned(p->workspace, 256)) return fail(MLAGEN_ERR_WORKSPACE, "workspace: expected 256-byte alignment");
-  st = e->fn(p, splits);
+  int caller = -1;
+  if (p->device >= 0) {  // launch on the pointers' device, then give the caller's back
+    hipError_t de = hipGetDevice(&caller);
+    if (de == hipSuccess && caller != p->device) de = hipSetDevice(p->device);
+    if (de != hipSuccess) return fail(MLAGEN_ERR_DEVICE, "device=%d: cannot make it current: %s", p->device, hipGetErrorString(de));
+    if (caller == p->device) caller = -1;
+  }
+  st = e->fn(p, splits, stream);
+  if (caller >= 0) (void)hipSetDevice(caller);  // best effort: the launch result is what matters
   if (st == MLAGEN_OK) fill_info(*e, splits, ran);
   return st;
 }
@@ -277,8 +295,7 @@ mlagen_status mlagen_decode_ptrs(const mlagen_problem* tmpl, const void* q, cons
   p.qo_indptr = qo_indptr;
   p.kv_indptr = kv_indptr;
   p.out = out;
-  p.stream = stream;
-  return mlagen_decode(&p, nullptr);
+  return mlagen_decode(&p, nullptr, stream);
 }
 
 mlagen_status mlagen_take_device_errors(void* workspace, void* stream, uint32_t* errors) {

@@ -1,26 +1,36 @@
 """Run a submission file the way the leaderboard does, in a fresh process.
 
-    python -m tests.leaderboard.harness dist/submission.py --mode test
-    python -m tests.leaderboard.harness dist/submission.py --mode benchmark [--seed-peer] [--json out.json]
-    python -m tests.leaderboard.harness dist/submission.py --mode test --shapes 4x1024,64x8192
+    python -m tests.leaderboard.harness dist/submission_sm90a.py --mode test
+    python -m tests.leaderboard.harness dist/submission_sm90a.py --mode leaderboard [--seed-peer] [--json out.json]
+    python -m tests.leaderboard.harness dist/submission_sm90a.py --mode benchmark --shapes 4x1024,64x8192
 
-The command re-runs itself as a child process (`--worker`) with the `task.py` stand-in
-(tests/leaderboard/stub) first on sys.path, MLAGEN_LIBRARY unset and runtime/python off
-PYTHONPATH (the submission must carry everything), imports the submission as module
-`submission` from its path, and for each shape (batch x kv_len):
+First the submission server's gates (tools/bundle.py gate_problems: no "stream" in any letter
+case, at most 1,000,000 bytes); a failure ends the run with the server's message (a file whose
+header says LOCAL TEST only warns about its size). Then the command re-runs itself as a child
+process (`--worker`) with the `task.py` stand-in (tests/leaderboard/stub) on sys.path,
+MLAGEN_LIBRARY unset and runtime/python off PYTHONPATH (the submission must carry everything).
 
-test       one call per shape on fixed-seed inputs (the kernel gets a copy), synchronize,
-           the task's check (tests/leaderboard/task_inputs.check_output).
-benchmark  like the ranked leaderboard run: one warm-up on the first shape; per shape one
-           checked, untimed call, then repetitions each with a NEW seed and fresh inputs:
-           synchronize, flush L2 (write a 512 MB buffer), event, ONE custom_kernel call, event,
-           synchronize, re-check. Stops after --reps, or when the mean's standard error is
-           below 0.1% (after 3), or after --max-seconds. Reports mean / median per shape and
-           the geometric mean of the medians. --seed-peer times the seed's Triton kernels the
-           same way on the same inputs (its variant pick happens before timing).
+It mirrors gpu-mode/reference-kernels problems/amd_202602/eval.py and utils.py (read, not
+copied) in every point that moves a result:
+  * a `spawn` multiprocessing pool of one worker imports the submission; every shape runs in it;
+  * test: one call per shape on fixed-seed inputs, the task's check;
+  * benchmark / leaderboard: a warm-up (the first shape, untimed, up to 100 calls / 10 ms of
+    mean*runs in leaderboard mode, 100 ms in benchmark mode), then per shape one checked,
+    untimed call, then repetitions: [leaderboard: fresh inputs, seed += 13], synchronize, the
+    flush clear_l2_cache_large() (torch.randn((16000, 1024, 1024)) on the GPU, 64 GiB of fresh
+    float32, then del), events around ONE custom_kernel call, synchronize, [leaderboard: re-check].
+    Stops (after 3) when the standard error is under 0.1% of the mean, when mean*runs passes the
+    mode's budget (leaderboard 30 s, benchmark 50 s), after 120 s of wall clock, or at the
+    mode's cap (leaderboard 100, benchmark 1000 repetitions; --reps lowers it);
+  * the figure per shape is the MEAN of the event intervals; the rank the geometric mean of
+    the means. The median is printed and saved beside it.
+The inputs are the task's (tests/leaderboard/task_inputs.py: the reference quantizes q to fp8
+per tensor with fp8 KV; mxfp4 scales padded, float8_e8m0fnu, data float4_e2m1fn_x2).
+--seed-peer times the seed's Triton kernels the same way on the same inputs.
 
-Every check failure (and --max-rel-l2, a stricter gate than the task's: an all-zero output
-passes the task's check, see check_output) makes the exit status 1. --json writes the results.
+Every check failure (and --max-rel-l2 / the per-row bound, stricter gates than the task's: an
+all-zero output passes the task's check, see check_output) makes the exit status 1. --json
+writes the results.
 """
 from __future__ import annotations
 
@@ -44,7 +54,6 @@ STUB_DIR = os.path.join(HERE, "stub")
 TEST_SHAPES = {(4, 1024): 4220, (32, 1024): 5412, (64, 8192): 6415, (256, 8192): 7816}
 BENCH_SHAPES = {(4, 1024): 4237, (4, 8192): 4251, (32, 1024): 5432, (32, 8192): 5415,
                 (64, 1024): 6432, (64, 8192): 6445, (256, 1024): 7801, (256, 8192): 7824}
-FLUSH_BYTES = 512 * 1024 * 1024
 PEER_DIRS = ("{repo}/.peers", "{repo}/shared/peers", "/work/shared/peers")
 
 
@@ -93,40 +102,188 @@ def run_parent(argv) -> int:
     return rc
 
 
-# --------------------------------------------------------------------------- worker
+# --------------------------------------------------------------------------- gates
 
-class Timer:
-    """CUDA events around one call, or perf_counter on CPU (for smoke tests off a GPU)."""
+def _gates():
+    """tools/bundle.py's gate functions (one implementation of the server's two checks)."""
+    if REPO not in sys.path:
+        sys.path.insert(0, REPO)
+    from tools import bundle  # noqa: PLC0415 - the repo's bundler
+    return bundle
 
-    def __init__(self, torch, device):
-        self.torch, self.cuda = torch, device.type == "cuda"
-        self.flush_buf = None
-        if self.cuda:
-            self.flush_buf = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device=device)
 
-    def sync(self):
-        if self.cuda:
-            self.torch.cuda.synchronize()
+def check_gates(path: str) -> tuple[bool, list[str]]:
+    """The submission server's checks on the file: (ok, lines to print). A local-test bundle
+    (its header says so) only warns about its size."""
+    bundle = _gates()
+    with open(path, encoding="utf-8", errors="replace") as f:
+        text = f.read()
+    local = text.startswith("# LOCAL TEST BUNDLE")
+    problems = bundle.gate_problems(text, submission=not local)
+    lines = [f"gate FAIL: {p}" for p in problems]
+    note = bundle.size_note(text)
+    if local and note:
+        lines.append(f"gate WARNING (local-test bundle, never submitted): {note}")
+    if not problems:
+        lines.append(f"gates: passed (no {bundle.FORBIDDEN!r} in any case; {len(text.encode())} bytes"
+                     + (", local-test bundle: size not gated)" if local else f" <= {bundle.SIZE_LIMIT})"))
+    return not problems, lines
 
-    def flush(self, i: int):
-        if self.flush_buf is not None:
-            self.flush_buf.fill_(i)
 
-    def time_call(self, fn, data, i: int):
-        """sync, flush L2, event, fn(data), event, sync -> (result, milliseconds)."""
-        torch = self.torch
-        self.sync()
-        self.flush(i)
-        if self.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            out = fn(data)
-            end.record()
-            torch.cuda.synchronize()
-            return out, start.elapsed_time(end)
+# --------------------------------------------------------------------------- the pool worker
+# Everything below runs in the spawn pool's one process (like eval.py's), which imports the
+# submission once; each shape is one pool.apply().
+
+MODES = {  # mode -> (recheck, max repeats, mean*runs budget in ns, warm-up budget in ns), as eval.py
+    "leaderboard": (True, 100, 30e9, 1e7),
+    "benchmark": (False, 1000, 50e9, 10e7),
+}
+WALL_LIMIT_NS = 120e9
+_W: dict = {}
+
+
+def _pool_init(submission: str, device: str, stub_dir: str):
+    if stub_dir not in sys.path:
+        sys.path.insert(0, stub_dir)
+    import torch
+
+    from tests.leaderboard import task_inputs as ti
+    _W.update(torch=torch, ti=ti, device=torch.device(device), submission=submission)
+
+
+def _kernel():
+    if "kernel" not in _W:
         t0 = time.perf_counter()
-        out = fn(data)
-        return out, (time.perf_counter() - t0) * 1e3
+        _W["module"] = load_submission(_W["submission"])
+        _W["import_s"] = time.perf_counter() - t0
+        _W["kernel"] = _W["module"].custom_kernel
+    return _W["kernel"]
+
+
+def _call(label):
+    if label == "submission":
+        return _kernel()
+    if "peer" not in _W:
+        _W["peer"] = load_peer()[0]
+    peer = _W["peer"]
+    return lambda d: peer(d[0], d[1]["fp8"][0], d[1]["fp8"][1], d[4]["batch_size"], d[4]["kv_seq_len"])
+
+
+def _pool_info() -> dict:
+    _kernel()
+    torch, device = _W["torch"], _W["device"]
+    return {"bundle": getattr(_W["module"], "MLAGEN_BUNDLE", None), "import_seconds": _W["import_s"],
+            "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__}
+
+
+def clear_l2_cache_large(torch, device):
+    """eval.py's flush (utils.clear_l2_cache_large): 64 GiB of fresh randn float32, deleted."""
+    if device.type == "cuda":
+        dummy = torch.randn((16000, 1024, 1024), device="cuda")
+        del dummy
+
+
+def _check(ti, data_copy, out, opts):
+    chk = ti.check_output(data_copy, out)
+    strict = opts["max_rel_l2"] > 0 and not chk.rel_l2 <= opts["max_rel_l2"]
+    ok = chk.ok and not strict
+    msg = chk.message + (" (over --max-rel-l2)" if chk.ok and strict else "")
+    return ok, chk, msg
+
+
+def _pool_test(shape, seed, opts) -> dict:
+    torch, ti, device = _W["torch"], _W["ti"], _W["device"]
+    b, l = shape
+    rec = {"batch": b, "kv_len": l, "seed": seed}
+    try:
+        kernel = _kernel()
+        data = ti.generate_input(b, l, seed, device=device, mxfp4=not opts["no_mxfp4"])
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        out = kernel(ti.clone_data(data))
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        rec["kernel"] = kernel_info()
+        ok, chk, msg = _check(ti, data, out, opts)
+        rec.update(chk.as_dict())
+        rec["message"] = msg
+        err = device_errors(torch)
+        if err:
+            ok, rec["message"] = False, msg + "; device errors: " + err
+    except Exception as e:  # noqa: BLE001 - report and go on to the next shape
+        ok = False
+        rec.update(ok=False, message=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
+    rec["passed"] = ok
+    return rec
+
+
+def _pool_bench(shape, seed0, mode, opts, label, warmup=False) -> dict:
+    """eval.py's _run_single_benchmark for one shape (see the module docstring)."""
+    torch, ti, device = _W["torch"], _W["ti"], _W["device"]
+    recheck, max_repeats, budget_ns, warm_ns = MODES[mode]
+    if warmup:
+        recheck, budget_ns = False, warm_ns
+    max_repeats = min(max_repeats, opts["reps"]) if not warmup else max_repeats
+    cuda = device.type == "cuda"
+    b, l = shape
+    rec = {"batch": b, "kv_len": l, "seed0": seed0, "ok": True, "failures": []}
+    worst = {"mismatch": 0.0, "rel_l2": 0.0}
+
+    def checked(copy, out, what):
+        ok, chk, msg = _check(ti, copy, out, opts)
+        worst["mismatch"] = max(worst["mismatch"], chk.mismatch)
+        worst["rel_l2"] = max(worst["rel_l2"], chk.rel_l2)
+        if not ok:
+            rec["ok"] = False
+            rec["failures"].append(f"{what}: {msg}")
+        return ok
+
+    try:
+        call = _call(label)
+        seed = seed0
+        data = ti.generate_input(b, l, seed, device=device, mxfp4=not opts["no_mxfp4"])
+        copy = ti.clone_data(data)
+        out = call(data)
+        if cuda:
+            torch.cuda.synchronize()
+        rec["kernel"] = kernel_info() if label == "submission" else None
+        if not checked(copy, out, f"seed {seed} (untimed)"):
+            return finish(rec, [], worst)
+        del out
+        times, t0 = [], time.perf_counter_ns()
+        for i in range(max_repeats):
+            if recheck:
+                seed += 13
+                data = ti.generate_input(b, l, seed, device=device, mxfp4=not opts["no_mxfp4"])
+                copy = ti.clone_data(data)
+            if cuda:
+                torch.cuda.synchronize()
+                clear_l2_cache_large(torch, device)
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                out = call(data)
+                end.record()
+                torch.cuda.synchronize()
+                ms = start.elapsed_time(end)
+            else:
+                c0 = time.perf_counter()
+                out = call(data)
+                ms = (time.perf_counter() - c0) * 1e3
+            if recheck and not checked(copy, out, f"seed {seed}"):
+                break
+            del out
+            times.append(ms)
+            if i > 1:
+                st = stats(times)
+                if (st["err_us"] / st["mean_us"] < 0.001 or st["mean_us"] * 1e3 * st["runs"] > budget_ns
+                        or time.perf_counter_ns() - t0 > min(WALL_LIMIT_NS, opts["max_seconds"] * 1e9)):
+                    break
+        return finish(rec, times, worst)
+    except Exception as e:  # noqa: BLE001
+        rec["ok"] = False
+        rec["failures"].append(f"{type(e).__name__}: {e}")
+        rec["traceback"] = traceback.format_exc()
+        return finish(rec, [], worst)
 
 
 def stats(ms: list[float]) -> dict:
@@ -192,94 +349,6 @@ def fmt_us(v) -> str:
     return f"{v:9.2f}" if isinstance(v, (int, float)) and v is not None else f"{'-':>9}"
 
 
-def run_tests(args, torch, ti, kernel, device, shapes) -> tuple[list, bool]:
-    results, ok_all = [], True
-    for shape in shapes:
-        b, l = shape
-        seed = seed_for(shape, TEST_SHAPES)
-        rec = {"batch": b, "kv_len": l, "seed": seed}
-        try:
-            data = ti.generate_input(b, l, seed, device=device, mxfp4=not args.no_mxfp4)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            out = kernel(ti.clone_data(data))
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            rec["kernel"] = kernel_info()
-            chk = ti.check_output(data, out)
-            rec.update(chk.as_dict())
-            err = device_errors(torch)
-            if err:
-                chk.ok, rec["ok"], rec["message"] = False, False, chk.message + "; device errors: " + err
-            strict = args.max_rel_l2 > 0 and not chk.rel_l2 <= args.max_rel_l2
-            rec["rel_l2_gate"] = not strict
-            ok = chk.ok and not strict
-            status = "PASS" if ok else ("FAIL" if not chk.ok else "FAIL(rel_l2)")
-            print(f"test {b:>4}x{l:<5} seed {seed:<6} {status:<12} {rec['message']}"
-                  + (f"  [{rec['kernel'].get('name')}]" if isinstance(rec.get("kernel"), dict) else ""), flush=True)
-        except Exception as e:  # noqa: BLE001 - report and go on to the next shape
-            ok = False
-            rec.update(ok=False, message=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
-            print(f"test {b:>4}x{l:<5} seed {seed:<6} ERROR        {rec['message']}", flush=True)
-            if args.verbose:
-                print(rec["traceback"], flush=True)
-        rec["passed"] = ok
-        ok_all &= ok
-        results.append(rec)
-    return results, ok_all
-
-
-def bench_one(args, torch, ti, timer, call, shape, device, label) -> dict:
-    """Time `call(data)` on one shape like the ranked run; the first call is checked, untimed."""
-    b, l = shape
-    seed0 = seed_for(shape, BENCH_SHAPES, salt=17)
-    rec = {"batch": b, "kv_len": l, "seed0": seed0, "ok": True, "failures": []}
-    worst = {"mismatch": 0.0, "rel_l2": 0.0}
-
-    def checked(data_copy, out, what):
-        chk = ti.check_output(data_copy, out)
-        worst["mismatch"] = max(worst["mismatch"], chk.mismatch)
-        worst["rel_l2"] = max(worst["rel_l2"], chk.rel_l2)
-        strict = args.max_rel_l2 > 0 and not chk.rel_l2 <= args.max_rel_l2
-        if not chk.ok or strict:
-            rec["ok"] = False
-            rec["failures"].append(f"{what}: {chk.message}" + (" (over --max-rel-l2)" if chk.ok else ""))
-        return chk.ok and not strict
-
-    try:
-        data = ti.generate_input(b, l, seed0, device=device, mxfp4=not args.no_mxfp4)
-        copy = ti.clone_data(data)
-        out = call(data)
-        timer.sync()
-        rec["kernel"] = kernel_info() if label == "submission" else None
-        if not checked(copy, out, f"seed {seed0} (untimed)"):
-            return finish(rec, [], worst)
-        del data, copy, out
-        times, t_start, seed = [], time.perf_counter(), seed0
-        for i in range(args.reps):
-            seed += 13
-            data = ti.generate_input(b, l, seed, device=device, mxfp4=not args.no_mxfp4)
-            copy = ti.clone_data(data)
-            out, ms = timer.time_call(call, data, i)
-            good = checked(copy, out, f"seed {seed}")
-            del out, data, copy
-            if not good:
-                break
-            times.append(ms)
-            if i > 1:
-                s = stats(times)
-                if (s["err_us"] / s["mean_us"] < 0.001 or time.perf_counter() - t_start > args.max_seconds):
-                    break
-        return finish(rec, times, worst)
-    except Exception as e:  # noqa: BLE001
-        rec["ok"] = False
-        rec["failures"].append(f"{type(e).__name__}: {e}")
-        rec["traceback"] = traceback.format_exc()
-        if args.verbose:
-            print(rec["traceback"], flush=True)
-        return finish(rec, [], worst)
-
-
 def finish(rec, times, worst) -> dict:
     rec.update(stats(times))
     rec["times_us"] = [round(t * 1e3, 3) for t in times]
@@ -287,63 +356,73 @@ def finish(rec, times, worst) -> dict:
     return rec
 
 
-def run_benchmark(args, torch, ti, kernel, device, shapes) -> tuple[dict, bool]:
-    timer = Timer(torch, device)
-    peer = None
-    if args.seed_peer:
-        peer, peer_dir = load_peer()
-        print(f"seed peer: {peer_dir}/seed_peer.py", flush=True)
+# --------------------------------------------------------------------------- the driver
 
-    # warm-up (the ranked run's: a few untimed calls on the first shape)
-    b, l = shapes[0]
-    data = ti.generate_input(b, l, seed_for(shapes[0], BENCH_SHAPES), device=device, mxfp4=not args.no_mxfp4)
-    t0 = time.perf_counter()
-    try:
-        for _ in range(100):
-            kernel(data)
-            timer.sync()
-            if time.perf_counter() - t0 > 0.1:
-                break
-    except Exception as e:  # noqa: BLE001 - the shape's own run reports it
-        print(f"warm-up failed: {type(e).__name__}: {e}", flush=True)
-    del data
-
-    rows, ok_all = [], True
-    print(f"{'shape':>11} {'runs':>5} {'mean us':>9} {'median us':>9}"
-          + (f" {'peer med':>9} {'speedup':>7}" if peer else "") + "  worst mismatch / rel_l2   kernel", flush=True)
+def run_tests(pool, args, opts, shapes) -> tuple[list, bool]:
+    results, ok_all = [], True
     for shape in shapes:
-        rec = bench_one(args, torch, ti, timer, kernel, shape, device, "submission")
-        if peer is not None:
-            prec = bench_one(args, torch, ti, timer,
-                             lambda d, s=shape: peer(d[0], d[1]["fp8"][0], d[1]["fp8"][1], s[0], s[1]),
-                             shape, device, "peer")
-            rec["peer"] = prec
+        b, l = shape
+        seed = seed_for(shape, TEST_SHAPES)
+        rec = pool.apply(_pool_test, (shape, seed, opts))
+        status = "PASS" if rec["passed"] else "FAIL"
+        kname = rec["kernel"].get("name") if isinstance(rec.get("kernel"), dict) else ""
+        print(f"test {b:>4}x{l:<5} seed {seed:<6} {status:<5} {rec['message']}" + (f"  [{kname}]" if kname else ""),
+              flush=True)
+        if args.verbose and rec.get("traceback"):
+            print(rec["traceback"], flush=True)
+        ok_all &= rec["passed"]
+        results.append(rec)
+    return results, ok_all
+
+
+def run_benchmark(pool, args, opts, shapes) -> tuple[dict, bool]:
+    peer = args.seed_peer
+    if peer:
+        print(f"seed peer: {pool.apply(_peer_dir)}", flush=True)
+    first = shapes[0]
+    warm = pool.apply(_pool_bench, (first, seed_for(first, BENCH_SHAPES), args.mode, opts, "submission", True))
+    if not warm["ok"]:
+        print(f"warm-up failed: {warm['failures']}", flush=True)
+    rows, ok_all = [], True
+    print(f"mode {args.mode}: flush = 64 GiB randn per repetition; figure = mean (median beside)", flush=True)
+    print(f"{'shape':>11} {'runs':>5} {'mean us':>9} {'median us':>9}"
+          + (f" {'peer mean':>9} {'peer med':>9} {'speedup':>7}" if peer else "")
+          + "  worst mismatch / rel_l2   kernel", flush=True)
+    for shape in shapes:
+        seed0 = seed_for(shape, BENCH_SHAPES, salt=17)
+        rec = pool.apply(_pool_bench, (shape, seed0, args.mode, opts, "submission"))
+        if peer:
+            rec["peer"] = pool.apply(_pool_bench, (shape, seed0, args.mode, opts, "peer"))
         ok_all &= rec["ok"]
         kname = rec["kernel"].get("name") if isinstance(rec.get("kernel"), dict) else ""
         line = f"{shape[0]:>5}x{shape[1]:<5} {rec.get('runs', 0):>5} {fmt_us(rec.get('mean_us'))} " \
                f"{fmt_us(rec.get('median_us'))}"
-        if peer is not None:
-            pm = rec["peer"].get("median_us")
-            sp = (pm / rec["median_us"]) if pm and rec.get("median_us") else None
-            line += f" {fmt_us(pm)} {(f'{sp:6.2f}x' if sp else '-'):>7}"
+        if peer:
+            pm = rec["peer"].get("mean_us")
+            sp = (pm / rec["mean_us"]) if pm and rec.get("mean_us") else None
+            line += f" {fmt_us(pm)} {fmt_us(rec['peer'].get('median_us'))} {(f'{sp:6.2f}x' if sp else '-'):>7}"
         line += f"  {rec['worst_mismatch']:8.4%} / {rec['worst_rel_l2']:.3e}   {kname}"
         print(line + ("" if rec["ok"] else "   FAIL"), flush=True)
         for f in rec["failures"]:
             print(f"      FAIL: {f}", flush=True)
-        if peer is not None and not rec["peer"]["ok"]:
+        if args.verbose and rec.get("traceback"):
+            print(rec["traceback"], flush=True)
+        if peer and not rec["peer"]["ok"]:
             for f in rec["peer"]["failures"]:
                 print(f"      peer FAIL (not counted): {f}", flush=True)
         rows.append(rec)
-    summary = {"shapes": rows,
-               "geomean_median_us": geomean([r.get("median_us") for r in rows]) if all(r["ok"] for r in rows) else None,
-               "geomean_mean_us": geomean([r.get("mean_us") for r in rows]) if all(r["ok"] for r in rows) else None}
-    gm = summary["geomean_median_us"]
-    text = f"geomean of medians: {gm:.2f} us" if gm else "geomean of medians: - (a shape failed)"
-    if peer is not None:
+    good = all(r["ok"] for r in rows)
+    summary = {"shapes": rows, "geomean_mean_us": geomean([r.get("mean_us") for r in rows]) if good else None,
+               "geomean_median_us": geomean([r.get("median_us") for r in rows]) if good else None}
+    gm, gmed = summary["geomean_mean_us"], summary["geomean_median_us"]
+    text = (f"geomean of means (the rank): {gm:.2f} us (of medians {gmed:.2f} us)" if gm
+            else "geomean of means: - (a shape failed)")
+    if peer:
         pr = [r["peer"] for r in rows]
-        summary["peer_geomean_median_us"] = geomean([p.get("median_us") for p in pr]) if all(p["ok"] for p in pr) \
-            else None
-        pg = summary["peer_geomean_median_us"]
+        pok = all(p["ok"] for p in pr)
+        summary["peer_geomean_mean_us"] = geomean([p.get("mean_us") for p in pr]) if pok else None
+        summary["peer_geomean_median_us"] = geomean([p.get("median_us") for p in pr]) if pok else None
+        pg = summary["peer_geomean_mean_us"]
         text += f"   seed peer: {pg:.2f} us" if pg else "   seed peer: - (a shape failed)"
         if gm and pg:
             text += f"   speedup {pg / gm:.2f}x"
@@ -351,37 +430,43 @@ def run_benchmark(args, torch, ti, kernel, device, shapes) -> tuple[dict, bool]:
     return summary, ok_all
 
 
+def _peer_dir():
+    return load_peer()[1]
+
+
 def run_worker(args) -> int:
+    import multiprocessing
+
     import torch
-
-    from . import task_inputs as ti
-
     if args.device == "cuda" and not torch.cuda.is_available():
         print("harness: no CUDA device (use --device cpu for a CPU smoke run of a CPU submission)", file=sys.stderr)
         return 2
-    device = torch.device(args.device)
     with open(args.submission, "rb") as f:
         sub_sha = hashlib.sha256(f.read()).hexdigest()
-    t0 = time.perf_counter()
-    module = load_submission(args.submission)
-    import_s = time.perf_counter() - t0
-    bundle = getattr(module, "MLAGEN_BUNDLE", None)
-    gpu = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
-    print(f"submission {args.submission} (sha256 {sub_sha[:16]}, imported in {import_s:.2f} s) on {gpu}, "
-          f"torch {torch.__version__}" + (f"; bundle {bundle.get('arch')} kv {bundle.get('kv_format')} "
-                                          f"library {bundle.get('library_sha256', '')[:16]}" if bundle else ""),
-          flush=True)
-    shapes = parse_shapes(args.shapes) or list(TEST_SHAPES if args.mode == "test" else BENCH_SHAPES)
-    result = {"mode": args.mode, "submission": os.path.abspath(args.submission), "submission_sha256": sub_sha,
-              "bundle": bundle, "device": gpu, "torch": torch.__version__, "import_seconds": import_s,
-              "max_rel_l2": args.max_rel_l2}
-    if args.mode == "test":
-        result["shapes"], ok = run_tests(args, torch, ti, module.custom_kernel, device, shapes)
-        print(f"{sum(r['passed'] for r in result['shapes'])} passed, "
-              f"{sum(not r['passed'] for r in result['shapes'])} failed", flush=True)
-    else:
-        summary, ok = run_benchmark(args, torch, ti, module.custom_kernel, device, shapes)
-        result.update(summary)
+    opts = {"max_rel_l2": args.max_rel_l2, "no_mxfp4": args.no_mxfp4, "reps": args.reps,
+            "max_seconds": args.max_seconds}
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1, initializer=_pool_init, initargs=(args.submission, args.device, STUB_DIR)) as pool:
+        try:
+            info = pool.apply(_pool_info)
+        except BaseException as e:  # noqa: BLE001 - an import failure is the submission's
+            print(f"harness: importing {args.submission} failed: {type(e).__name__}: {e}", flush=True)
+            return 1
+        bundle = info["bundle"]
+        print(f"submission {args.submission} (sha256 {sub_sha[:16]}, imported in {info['import_seconds']:.2f} s) "
+              f"on {info['device']}, torch {info['torch']}"
+              + (f"; bundle {bundle.get('arch')} kv {bundle.get('kv_format')} library "
+                 f"{bundle.get('library_sha256', '')[:16]}" if bundle else ""), flush=True)
+        shapes = parse_shapes(args.shapes) or list(TEST_SHAPES if args.mode == "test" else BENCH_SHAPES)
+        result = {"mode": args.mode, "submission": os.path.abspath(args.submission), "submission_sha256": sub_sha,
+                  "max_rel_l2": args.max_rel_l2, "commit": os.environ.get("MLAGEN_COMMIT"), **info}
+        if args.mode == "test":
+            result["shapes"], ok = run_tests(pool, args, opts, shapes)
+            print(f"{sum(r['passed'] for r in result['shapes'])} passed, "
+                  f"{sum(not r['passed'] for r in result['shapes'])} failed", flush=True)
+        else:
+            summary, ok = run_benchmark(pool, args, opts, shapes)
+            result.update(summary)
     result["ok"] = ok
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
@@ -394,28 +479,37 @@ def run_worker(args) -> int:
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(prog="python -m tests.leaderboard.harness", description=__doc__.splitlines()[0])
-    ap.add_argument("submission", help="the submission file (e.g. dist/submission.py)")
-    ap.add_argument("--mode", choices=("test", "benchmark"), default="test")
+    ap.add_argument("submission", help="the submission file (e.g. dist/submission_sm90a.py)")
+    ap.add_argument("--mode", choices=("test", "benchmark", "leaderboard"), default="test")
     ap.add_argument("--shapes", nargs="+", action="extend",
                     help="BATCHxKV_LEN ... (space or comma separated; default: the task's test / benchmark shapes)")
-    ap.add_argument("--seed-peer", action="store_true", help="also time the seed's Triton kernels (benchmark)")
+    ap.add_argument("--seed-peer", action="store_true", help="also time the seed's Triton kernels")
     ap.add_argument("--json", help="write the results here")
-    ap.add_argument("--reps", type=int, default=100, help="timed repetitions per shape at most (default 100)")
-    ap.add_argument("--max-seconds", type=float, default=120.0, help="per shape wall-clock limit (default 120)")
+    ap.add_argument("--reps", type=int, default=1000,
+                    help="timed repetitions per shape at most, below the mode's own cap (leaderboard 100, "
+                         "benchmark 1000)")
+    ap.add_argument("--max-seconds", type=float, default=120.0, help="per shape wall-clock limit (default 120, "
+                                                                      "eval.py's)")
     ap.add_argument("--max-rel-l2", type=float, default=0.1,
                     help="also fail a shape whose relative L2 error vs the reference exceeds this "
                          "(the task's check alone passes an all-zero output); 0 disables (default 0.1)")
     ap.add_argument("--no-mxfp4", action="store_true", help="leave kv_data['mxfp4'] out of the inputs (faster)")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
-                    help="cpu: smoke-run a CPU submission without a GPU (perf_counter timing, no L2 flush)")
+                    help="cpu: smoke-run a CPU submission without a GPU (perf_counter timing, no flush)")
     ap.add_argument("--verbose", "-v", action="store_true", help="print tracebacks")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if not os.path.isfile(args.submission):
         ap.error(f"no such file: {args.submission}")
-    if args.mode == "benchmark" and args.reps < 1:
+    if args.mode != "test" and args.reps < 1:
         ap.error("--reps must be >= 1")
     if not args.worker:
+        ok, lines = check_gates(args.submission)
+        for line in lines:
+            print(line, flush=True)
+        if not ok:
+            print("harness: the submission server refuses this file before running it", flush=True)
+            return 1
         return run_parent(child_argv(args))
     return run_worker(args)
 

@@ -66,15 +66,18 @@ def generate_input(batchsize: int, kvseqlen: int, seed: int, qseqlen: int = 1, *
                    num_heads: int = NUM_HEADS, mxfp4: bool = True):
     """The task's tuple (q, kv_data, qo_indptr, kv_indptr, config), drawn like the task does:
     one generator seeded with `seed` on `device`, q then the bf16 KV (standard normal), then
-    fp8 and mxfp4 made from the bf16 KV. mxfp4=False leaves the "mxfp4" entry out (faster)."""
+    fp8 and mxfp4 made from the bf16 KV (mxfp4 scales padded to 256 rows x 8 blocks, data
+    float4_e2m1fn_x2 and scales float8_e8m0fnu, as gpu-mode/reference-kernels'
+    problems/amd_202602/mixed-mla/reference.py makes them through aiter's dynamic_mxfp4_quant).
+    mxfp4=False leaves the "mxfp4" entry out (faster)."""
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     total_q, total_kv = batchsize * qseqlen, batchsize * kvseqlen
     q = torch.randn((total_q, num_heads, QK_HEAD_DIM), dtype=torch.bfloat16, device=device, generator=gen)
     kv = torch.randn((total_kv, NUM_KV_HEADS, QK_HEAD_DIM), dtype=torch.bfloat16, device=device, generator=gen)
     kv_data = {"bf16": kv, "fp8": quantize_fp8(kv)}
-    if mxfp4:
-        kv_data["mxfp4"] = quantize_mxfp4(kv)
+    if mxfp4:  # as the real evaluation sends it: scales padded (256 rows, 8 blocks), aiter's dtypes
+        kv_data["mxfp4"] = _quant.as_task_dtypes(*quantize_mxfp4(kv, pad_scales=True))
     qo_indptr = torch.arange(0, batchsize + 1, dtype=torch.int32, device=device) * qseqlen
     kv_indptr = torch.arange(0, batchsize + 1, dtype=torch.int32, device=device) * kvseqlen
     config = {"batch_size": batchsize, "num_heads": num_heads, "num_kv_heads": NUM_KV_HEADS,

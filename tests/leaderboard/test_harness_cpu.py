@@ -72,10 +72,46 @@ def test_harness_benchmark_mode_on_cpu(cpu_submission, tmp_path):
                  "--no-mxfp4", "--json", str(out))
     assert r.returncode == 0, r.stdout + r.stderr
     res = json.loads(out.read_text())
-    assert res["ok"] and res["geomean_median_us"] > 0
+    assert res["ok"] and res["geomean_mean_us"] > 0 and res["geomean_median_us"] > 0
     for s in res["shapes"]:
         assert s["runs"] >= 3 and len(s["times_us"]) == s["runs"] and s["median_us"] > 0
-    assert "geomean of medians" in r.stdout
+        assert abs(s["mean_us"] - sum(s["times_us"]) / s["runs"]) < 1e-3 * s["mean_us"] + 1e-3
+    assert "geomean of means (the rank)" in r.stdout
+
+
+def test_harness_leaderboard_mode_rechecks_fresh_inputs(cpu_submission, tmp_path):
+    """Leaderboard mode: every repetition draws new inputs (seed += 13) and re-checks; a
+    submission that is right only on the first seed fails there."""
+    out = tmp_path / "l.json"
+    r = _harness(cpu_submission(), "--mode", "leaderboard", "--device", "cpu", "--shapes", "2x64", "--reps", "3",
+                 "--no-mxfp4", "--json", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = json.loads(out.read_text())
+    assert res["ok"] and res["shapes"][0]["runs"] == 3
+    path = tmp_path / "first_only.py"
+    path.write_text(CPU_SUBMISSION.format(scale=1.0).replace(
+        "def custom_kernel(data: input_t) -> output_t:",
+        "CALLS = [0]\n\ndef custom_kernel(data: input_t) -> output_t:\n    CALLS[0] += 1\n"
+        "    if CALLS[0] > 2:\n        return torch.zeros(data[0].shape[0], 16, 512, dtype=torch.bfloat16)"))
+    r = _harness(str(path), "--mode", "leaderboard", "--device", "cpu", "--shapes", "2x64", "--reps", "3",
+                 "--no-mxfp4")
+    assert r.returncode == 1 and "FAIL: seed" in r.stdout, r.stdout + r.stderr
+
+
+def test_harness_applies_the_server_gates_first(cpu_submission, tmp_path):
+    path = tmp_path / "bad.py"
+    path.write_text(CPU_SUBMISSION.format(scale=1.0) + "# torch.cuda.Stream() would be refused\n")
+    r = _harness(str(path), "--device", "cpu", "--shapes", "2x64", "--no-mxfp4")
+    assert r.returncode == 1 and "gate FAIL: line" in r.stdout and "another stream" in r.stdout, r.stdout
+    assert "passed" not in r.stdout.split("gate FAIL")[-1]  # nothing ran
+    big = tmp_path / "big.py"
+    big.write_text(CPU_SUBMISSION.format(scale=1.0) + "#" * 1_000_001 + "\n")
+    r = _harness(str(big), "--device", "cpu", "--shapes", "2x64", "--no-mxfp4")
+    assert r.returncode == 1 and "gate FAIL: size" in r.stdout and "too large" in r.stdout, r.stdout
+    local = tmp_path / "local.py"
+    local.write_text("# LOCAL TEST BUNDLE (cpu)\n" + CPU_SUBMISSION.format(scale=1.0) + "#" * 1_000_001 + "\n")
+    r = _harness(str(local), "--device", "cpu", "--shapes", "2x64", "--no-mxfp4")
+    assert r.returncode == 0 and "gate WARNING" in r.stdout, r.stdout + r.stderr
 
 
 def _lib_or_skip():
@@ -91,7 +127,7 @@ def bundle_file(tmp_path_factory):
     L.mlagen_build_archs.restype = ctypes.c_char_p
     out = str(tmp_path_factory.mktemp("bundle") / "submission.py")
     subprocess.run([sys.executable, os.path.join(ROOT, "tools", "bundle.py"), "--lib", lib, "--arch",
-                    L.mlagen_build_archs().decode(), "--out", out], check=True, capture_output=True)
+                    L.mlagen_build_archs().decode(), "--out", out, "--local-test"], check=True, capture_output=True)
     return out
 
 
@@ -105,8 +141,13 @@ def _import_bundle(path, prelude=""):
         spec.loader.exec_module(m)
         import mlagen, torch
         info = dict(m.MLAGEN_BUNDLE)
-        info["mode"] = oct(os.stat(info["library_path"]).st_mode & 0o777)
+        info["exists_after_import"] = os.path.exists(info["library_path"])
         info["env"] = os.environ["MLAGEN_LIBRARY"]
+        handle = mlagen._lib.lib()
+        m2 = importlib.util.module_from_spec(importlib.util.spec_from_file_location("submission2", {path!r}))
+        m2.__spec__.loader.exec_module(m2)
+        info["second_import_same_library"] = (m2.MLAGEN_BUNDLE["library_path"] == info["library_path"]
+                                              and sys.modules["mlagen"]._lib.lib() is handle)
         info["binding_origin"] = mlagen.__file__
         info["fingerprint_live"] = mlagen.fingerprint()
         q = torch.zeros(2, 16, 576, dtype=torch.bfloat16)
@@ -127,11 +168,13 @@ def test_bundle_imports_without_a_gpu(bundle_file):
     r = _import_bundle(bundle_file)
     assert r.returncode == 0, r.stdout + r.stderr
     info = json.loads(r.stdout.split("JSON", 1)[1])
-    assert info["mode"] == "0o600" and info["env"] == info["library_path"]
+    assert info["env"] == info["library_path"]
+    assert not info["exists_after_import"]  # removed once mapped: nothing left behind, however the process ends
+    assert info["second_import_same_library"]  # importing it again maps no second library
     assert info["binding_origin"].startswith("<mlagen bundle ")  # the embedded binding, not the repo's
     assert info["fingerprint_live"] == info["fingerprint"]
     assert "expected a CUDA tensor" in info["call_error"]
-    assert not os.path.exists(info["library_path"])  # removed at exit
+    assert not os.path.exists(info["library_path"])
 
 
 def _real_gpu():

@@ -131,8 +131,12 @@ def test_generate_input_structure():
     assert f8.dtype == torch.float8_e4m3fn and tuple(f8.shape) == (120, 1, 576)
     assert s8.dtype == torch.float32 and tuple(s8.shape) == (1,)
     d4, s4 = kv_data["mxfp4"]
-    assert d4.dtype == torch.uint8 and tuple(d4.shape) == (120, 1, 288)
-    assert s4.dtype == torch.uint8 and tuple(s4.shape) == (120, 18)
+    # as the evaluation sends them: aiter's dtypes, the scales padded to 256 rows x 24 blocks
+    assert d4.dtype == getattr(torch, "float4_e2m1fn_x2", torch.uint8) and tuple(d4.shape) == (120, 1, 288)
+    assert s4.dtype == getattr(torch, "float8_e8m0fnu", torch.uint8) and tuple(s4.shape) == (256, 24)
+    assert s4.view(torch.uint8)[120:].eq(127).all() and s4.view(torch.uint8)[:, 18:].eq(127).all()
+    raw_d, raw_s = quantize_mxfp4(kv_data["bf16"])
+    assert torch.equal(d4.view(torch.uint8), raw_d) and torch.equal(s4.view(torch.uint8)[:120, :18], raw_s)
     assert qo.dtype == kvp.dtype == torch.int32
     assert qo.tolist() == [0, 1, 2, 3] and kvp.tolist() == [0, 40, 80, 120]
     assert config == {"batch_size": 3, "num_heads": 16, "num_kv_heads": 1, "qk_head_dim": 576, "kv_lora_rank": 512,

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Build a gfx950 shared library (host + device code) with clang-21 inside the sid chroot:
-#   tools/amd/link_gfx950.sh [-o OUT.so] [--chroot DIR] [-I DIR]... [-D X]... [--dlopen-check] SRC.hip|SRC.cpp...
+#   tools/amd/link_gfx950.sh [-o OUT.so] [--chroot DIR] [--gen DIR] [-I DIR]... [-D X]... [--dlopen-check] SRC.hip|SRC.cpp...
 # .hip sources: clang++-21 -x hip --offload-arch=gfx950 -O3 -fPIC -c
 # .cpp/.cc sources (host only): clang++-21 -O3 -fPIC -c
 # then: clang++-21 -shared ... -lamdhip64 -o OUT.so   (default OUT: build/amd-check/libmlagen_gfx950.so)
 # --dlopen-check: then dlopen(RTLD_NOW) the library inside the chroot (all symbols resolve, the
 # HIP runtime loads; no GPU is needed for that).
-# Include paths runtime/include and generated/ are always passed (a source's own folder is not:
+# Include paths runtime/include and generated/ (or --gen DIR: another generated kernel set, e.g. a
+# bundle's slim one) are always passed (a source's own folder is not:
 # pass it with -I if it includes files beside it). The sources and include folders
 # are copied into <chroot>/work/mlagen-link-<pid>/ (no mounts) and removed afterwards.
 # Exit: 0 built; 1 compile/link error; 3 toolchain missing (TOOLCHAIN UNAVAILABLE printed).
@@ -16,7 +17,8 @@ set -uo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 ROOT=${MLAGEN_AMD_CHROOT:-$REPO/.toolchains/sid}
 OUT=$REPO/build/amd-check/libmlagen_gfx950.so
-INCS=("$REPO/runtime/include" "$REPO/generated")
+GEN=$REPO/generated
+INCS=()
 DEFS=()
 SRCS=()
 DLOPEN=0
@@ -24,6 +26,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     -o) OUT=${2:?-o needs a file}; shift 2 ;;
     --chroot) ROOT=${2:?--chroot needs a folder}; shift 2 ;;
+    --gen) GEN=${2:?--gen needs a folder}; shift 2 ;;
     -I) INCS+=("${2:?-I needs a folder}"); shift 2 ;;
     -I*) INCS+=("${1#-I}"); shift ;;
     -D) DEFS+=("-D${2:?-D needs a macro}"); shift 2 ;;
@@ -35,6 +38,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ ${#SRCS[@]} -gt 0 ] || { echo "link_gfx950.sh: no sources given" >&2; exit 2; }
+case $GEN in /*) ;; *) GEN=$PWD/$GEN ;; esac
+INCS=("$REPO/runtime/include" "$GEN" ${INCS[@]+"${INCS[@]}"})
 case $OUT in /*) ;; *) OUT=$PWD/$OUT ;; esac
 ROOT=$(cd "$ROOT" 2>/dev/null && pwd || echo "$ROOT")
 

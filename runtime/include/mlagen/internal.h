@@ -6,7 +6,7 @@
 
 namespace mlagen {
 
-using LaunchFn = mlagen_status (*)(const mlagen_problem* p, int32_t splits);
+using LaunchFn = mlagen_status (*)(const mlagen_problem* p, int32_t splits, void* stream);
 
 // One row of the generated registry (generated/registry.inc).
 struct KernelEntry {

@@ -1,7 +1,8 @@
 /* mlagen C ABI: MLA decode attention (DeepSeek absorbed form) over generated kernels.
  *
  * Plain C: raw pointers, element strides, a stream. No framework types cross this line.
- * One call: fill an mlagen_problem, call mlagen_decode(). Every function returns an
+ * A problem describes the math and the memory; where it runs (the stream) is an argument of
+ * each launching call. Fill an mlagen_problem, call mlagen_decode(). Every function returns an
  * mlagen_status; on error mlagen_last_error() (thread-local) says what and why, naming the
  * field and the value it expected.
  */
@@ -21,7 +22,7 @@ extern "C" {
 #define MLAGEN_API
 #endif
 
-#define MLAGEN_ABI_VERSION 2
+#define MLAGEN_ABI_VERSION 3  /* 3: the stream left mlagen_problem for the launch calls' arguments */
 
 typedef enum {
   MLAGEN_OK = 0,
@@ -77,7 +78,6 @@ typedef struct {
   int64_t out_stride_head;   /* elements */
   void* workspace;           /* device, >= mlagen_workspace_bytes(); zeroed once when allocated */
   size_t workspace_bytes;
-  void* stream;              /* cudaStream_t / hipStream_t; NULL = default stream */
   const char* kernel_name;   /* NULL: dispatch; else run exactly this kernel (tests, tuning) */
   int64_t kv_scale_stride;   /* mxfp4: bytes between two tokens' scale rows, 18..32 (18 packed,
                                 24 as padded quantizers return it); ignored otherwise */
@@ -86,6 +86,8 @@ typedef struct {
                                 to fp8 on the device, the leaderboard reference's recipe (scale =
                                 bf16(max|q| / fp8_max), q8 = fp8(clamp(bf16(q / scale)))); q_scale must be
                                 NULL. 0: q holds fp8, q_scale its scale. */
+  int32_t device;            /* the GPU the pointers live on; the launching calls make it current for
+                                their duration (and restore the caller's). -1: the current device. */
 } mlagen_problem;
 
 typedef struct {
@@ -102,8 +104,10 @@ typedef struct {
 MLAGEN_API mlagen_status mlagen_select(const mlagen_problem* p, mlagen_kernel_info* chosen);
 /* Bytes of device workspace the chosen kernel needs (0 on invalid input). */
 MLAGEN_API size_t mlagen_workspace_bytes(const mlagen_problem* p);
-/* Validate, choose, launch on p->stream. Asynchronous: no host-device synchronization. */
-MLAGEN_API mlagen_status mlagen_decode(const mlagen_problem* p, mlagen_kernel_info* ran /* may be NULL */);
+/* Validate, choose, launch on `stream` (cudaStream_t / hipStream_t; NULL = the device's default
+ * stream). Asynchronous: no host-device synchronization. */
+MLAGEN_API mlagen_status mlagen_decode(const mlagen_problem* p, mlagen_kernel_info* ran /* may be NULL */,
+                                       void* stream);
 /* Same with the per-call pointers passed apart from a prepared problem (cheap to call).
  * kv_scale is the format's scale pointer as in mlagen_problem; q_scale for fp8 q (else NULL). */
 MLAGEN_API mlagen_status mlagen_decode_ptrs(const mlagen_problem* p, const void* q, const float* q_scale,

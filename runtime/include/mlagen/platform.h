@@ -25,6 +25,7 @@
   #define hipMemcpyDeviceToHost cudaMemcpyDeviceToHost
   #define hipFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
   #define hipGetDevice cudaGetDevice
+  #define hipSetDevice cudaSetDevice
   #define hipDeviceGetAttribute cudaDeviceGetAttribute
   #define hipDeviceAttributeMultiprocessorCount cudaDevAttrMultiProcessorCount
   #define hipDeviceAttributeComputeCapabilityMajor cudaDevAttrComputeCapabilityMajor

@@ -3,17 +3,18 @@
     import mlagen
     out = mlagen.decode(q, kv_data, qo_indptr, kv_indptr, config)   # the leaderboard tuple
 
-The first call for a shape validates it through the runtime and caches a prepared
-problem; later calls pass pointers only. Nothing is allocated per call but the output
-(the workspace is kept per device and grows when a larger problem needs it), and nothing
-synchronizes with the host. Device-side input checks (indptr contents) are read with
-`check_device_errors()`, which synchronizes.
+The first call for a shape validates it through the runtime and caches a plan; later calls
+with the same metadata pass pointers only. Nothing is allocated per call but the output (a
+plan's scratch is its own, one buffer per launch target, made once), and nothing
+synchronizes with the host. Where the launches go is `_launch.handle`'s answer (see that
+module). Device-side input checks (indptr contents) are read with `check_device_errors()`,
+which synchronizes.
 """
 from __future__ import annotations
 
 import ctypes
 
-from . import _lib
+from . import _launch, _lib
 from ._lib import (DTYPE, KernelInfo, MlagenError, Problem, fingerprint, kernels, lib,  # noqa: F401
                    library_path, raise_for, select)
 
@@ -21,6 +22,10 @@ __all__ = ["decode", "leaderboard_entry", "prepare", "resolve_format", "KV_FORMA
            "Problem", "library_path", "last_kernel"]
 
 _QK, _DV, _HEADS = 576, 512, 16
+# The leaderboard config's fields with the one value the kernels implement (any other value is
+# an error naming the field; batch_size, kv_seq_len and sm_scale are read, not fixed).
+_CONFIG_FIXED = {"num_heads": _HEADS, "num_kv_heads": 1, "qk_head_dim": _QK, "kv_lora_rank": 512,
+                 "qk_rope_head_dim": 64, "v_head_dim": _DV, "q_seq_len": 1}
 
 
 _torch_mod = None
@@ -32,16 +37,6 @@ def _torch():
         import torch
         _torch_mod = torch
     return _torch_mod
-
-
-def _get_raw_stream(device_index: int) -> int:
-    global _get_raw_stream
-    torch = _torch()
-    fast = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if fast is not None:
-        _get_raw_stream = fast  # rebind: later calls go straight to torch's accessor
-        return fast(device_index)
-    return torch.cuda.current_stream(device_index).cuda_stream
 
 
 # The KV formats decode() takes, and the order "fastest" tries them in per arch. sm90a:
@@ -93,46 +88,39 @@ def _kv_dtype_name(kv_format: str, kv, kv_scale) -> str:
     raise MlagenError(1, f"kv_format={kv_format!r}: expected one of {KV_FORMATS} or 'fastest'")
 
 
-class _Workspace:
-    """One zeroed device buffer per device, shared by every plan on that device (so the
-    device error word has one home); grows, never shrinks."""
-    buffers: dict = {}
-
-    @classmethod
-    def get(cls, device, nbytes: int):
-        torch = _torch()
-        buf = cls.buffers.get(device)
-        if buf is None or buf.numel() < nbytes:
-            new = torch.zeros(max(nbytes, 1 << 20), dtype=torch.uint8, device=device)
-            if buf is not None:
-                new[:4].copy_(buf[:4])  # keep flagged device errors (stream-ordered)
-                for plan in _plans.values():
-                    if plan.device == device:
-                        plan.set_workspace(new)
-            cls.buffers[device] = buf = new
-        return buf
-
-
 class Plan:
-    """A validated problem for one shape / layout; `run` passes the per-call pointers."""
+    """A validated problem for one shape / layout. Its scratch (split partials, the device-side
+    q scale, the device error word) is its own, one buffer per launch target (the raw handle
+    the launches go on), sized for this plan when first used there and kept for the plan's
+    life: two concurrent callers never share scratch, and a decode captured in a CUDA graph
+    keeps valid buffers for as long as the process (and so the plan cache) lives."""
 
-    def __init__(self, problem: Problem, info: dict, workspace, device):
+    def __init__(self, problem: Problem, info: dict, workspace_bytes: int, device):
         self.problem, self.info, self.device = problem, info, device
         self.device_index = device.index if device.index is not None else _torch().cuda.current_device()
+        self.problem.device = self.device_index
+        self.workspace_bytes = max(int(workspace_bytes), 1024)
         self.out_shape = (problem.total_q, _HEADS, _DV)
         self.out_dtype = _torch().bfloat16
-        self._pp = ctypes.byref(problem)
+        self.bound: dict = {}  # launch handle -> (ctypes pointer to the problem copy, its workspace)
         self._run = lib().mlagen_decode_ptrs
-        self.set_workspace(workspace)
 
-    def set_workspace(self, ws) -> None:
-        self.workspace = ws
-        self.problem.workspace, self.problem.workspace_bytes = ws.data_ptr(), ws.numel()
+    def bind(self, where):
+        """(problem pointer, workspace) for launches on `where` (made on first use)."""
+        got = self.bound.get(where)
+        if got is None:
+            torch = _torch()
+            ws = torch.zeros(self.workspace_bytes, dtype=torch.uint8, device=self.device)  # ordered on `where`
+            p = Problem.from_buffer_copy(self.problem)
+            p.workspace, p.workspace_bytes = ws.data_ptr(), ws.numel()
+            got = self.bound[where] = (ctypes.byref(p), ws, p)
+        return got
 
-    def run(self, q, q_scale, kv, kv_scale, qo_indptr, kv_indptr, out, stream) -> None:
-        status = self._run(self._pp, q.data_ptr(), q_scale.data_ptr() if q_scale is not None else None, kv.data_ptr(),
+    def run(self, q, q_scale, kv, kv_scale, qo_indptr, kv_indptr, out, where) -> None:
+        pp = (self.bound.get(where) or self.bind(where))[0]
+        status = self._run(pp, q.data_ptr(), q_scale.data_ptr() if q_scale is not None else None, kv.data_ptr(),
                            kv_scale.data_ptr() if kv_scale is not None else None, qo_indptr.data_ptr(),
-                           kv_indptr.data_ptr(), out.data_ptr(), stream)
+                           kv_indptr.data_ptr(), out.data_ptr(), where)
         if status:
             raise_for(status)
 
@@ -200,6 +188,28 @@ def _check_q(q, q_dtype: str, q_scale):
         raise MlagenError(1, "q_scale: expected one float32 on q's device (fp8 q: dequant = q * q_scale)")
 
 
+def _check_config(config: dict, q, qo_indptr) -> int:
+    """The config's fields against what the kernels implement; returns batch_size."""
+    if not isinstance(config, dict):
+        raise MlagenError(1, f"config: {type(config).__name__}: expected the leaderboard's dict")
+    for field, want in _CONFIG_FIXED.items():
+        if field in config and config[field] != want:
+            raise MlagenError(1, f"config['{field}']={config[field]!r}: expected {want} (the only value the "
+                                 f"kernels implement)")
+    batch = config.get("batch_size", qo_indptr.numel() - 1)
+    if not isinstance(batch, int) or batch < 1:
+        raise MlagenError(1, f"config['batch_size']={batch!r}: expected a positive int")
+    kv_len = config.get("kv_seq_len", 0)
+    if not isinstance(kv_len, int) or kv_len < 0:
+        raise MlagenError(1, f"config['kv_seq_len']={kv_len!r}: expected an int >= 0")
+    sm_scale = config.get("sm_scale", _QK ** -0.5)
+    if not isinstance(sm_scale, (int, float)) or not 0 < sm_scale < float("inf"):
+        raise MlagenError(1, f"config['sm_scale']={sm_scale!r}: expected a finite number > 0")
+    if q.shape[1] != _HEADS:
+        raise MlagenError(1, f"q: {q.shape[1]} heads: expected {_HEADS}")
+    return batch
+
+
 def prepare(q, kv, kv_scale, qo_indptr, kv_indptr, config: dict, *, kv_format: str = "fp8", q_dtype: str = "bf16",
             q_scale=None, force_generic=False, splits=0, kernel=None) -> Plan:
     torch = _torch()
@@ -231,18 +241,17 @@ def prepare(q, kv, kv_scale, qo_indptr, kv_indptr, config: dict, *, kv_format: s
         scale_stride = kv_scale.stride(0)
     for name, t in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr)):
         if t.dtype != torch.int32 or t.dim() != 1 or not t.is_contiguous():
-            raise MlagenError(1, f"{name}: {t.dtype} shape {tuple(t.shape)}: expected contiguous int32 (batch+1,)")
-    batch = int(config.get("batch_size", qo_indptr.numel() - 1))
+            raise MlagenError(1, f"{name}: {t.dtype} shape {tuple(t.shape)} strides {t.stride()}: expected "
+                                 f"contiguous int32 (batch+1,)")
+    batch = _check_config(config, q, qo_indptr)
     if qo_indptr.numel() != batch + 1 or kv_indptr.numel() != batch + 1:
         raise MlagenError(1, f"qo_indptr/kv_indptr: {qo_indptr.numel()}/{kv_indptr.numel()} elements: "
                              f"expected batch_size+1 = {batch + 1}")
     kv_len = int(config.get("kv_seq_len") or 0)
     if kv_len and kv_rows != batch * kv_len:
         kv_len = 0  # lengths are not uniform: the generic kernel reads them from kv_indptr
-    p = Problem(abi_version=_lib.ABI_VERSION, batch=batch, num_heads=int(config.get("num_heads", q.shape[1])),
-                num_kv_heads=int(config.get("num_kv_heads", 1)), q_len=int(config.get("q_seq_len", 1)),
-                qk_dim=int(config.get("qk_head_dim", _QK)), v_dim=int(config.get("v_head_dim", _DV)),
-                kv_len=kv_len, total_q=q.shape[0], total_kv=kv_rows, q_dtype=DTYPE[q_dtype],
+    p = Problem(abi_version=_lib.ABI_VERSION, batch=batch, num_heads=_HEADS, num_kv_heads=1, q_len=1,
+                qk_dim=_QK, v_dim=_DV, kv_len=kv_len, total_q=q.shape[0], total_kv=kv_rows, q_dtype=DTYPE[q_dtype],
                 kv_dtype=DTYPE[kv_dtype], sm_scale=float(config.get("sm_scale", _QK ** -0.5)),
                 splits=splits, force_generic=int(bool(force_generic)),
                 q=q.data_ptr(), q_stride_token=q.stride(0), q_stride_head=q.stride(1),
@@ -251,15 +260,14 @@ def prepare(q, kv, kv_scale, qo_indptr, kv_indptr, config: dict, *, kv_format: s
                 qo_indptr=qo_indptr.data_ptr(), kv_indptr=kv_indptr.data_ptr(),
                 out=0x100, out_stride_token=_HEADS * _DV, out_stride_head=_DV,
                 kernel_name=kernel.encode() if kernel else None, kv_scale_stride=scale_stride,
-                q_scale=q_scale.data_ptr() if q_scale is not None else None, q_from_bf16=q_from_bf16)
-    if q.shape[1] != p.num_heads:
-        raise MlagenError(1, f"q: {q.shape[1]} heads but config num_heads={p.num_heads}")
+                q_scale=q_scale.data_ptr() if q_scale is not None else None, q_from_bf16=q_from_bf16,
+                device=dev.index if dev.index is not None else torch.cuda.current_device())
     L = lib()
     info = KernelInfo()
     raise_for(L.mlagen_select(ctypes.byref(p), ctypes.byref(info)), L)
     nbytes = L.mlagen_workspace_bytes(ctypes.byref(p))
     _check_device_once(dev)
-    return Plan(p, info.as_dict(), _Workspace.get(dev, nbytes), dev)
+    return Plan(p, info.as_dict(), nbytes, dev)
 
 
 _checked_devices = set()
@@ -273,41 +281,41 @@ def _check_device_once(dev):
         _checked_devices.add(dev)
 
 
-def _stream_of(dev) -> int:
-    return _get_raw_stream(dev.index if dev.index is not None else _torch().cuda.current_device())
+def _tensor_meta(t):
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.get_device())
 
 
 def _meta(q, kv, kv_scale, qo_indptr, kv_indptr, config):
-    """Everything a plan validated about the tensors (the plan-cache key)."""
-    return (q.shape, q.stride(), q.dtype, q.get_device(), kv.shape, kv.stride(), kv.dtype,
-            None if kv_scale is None else (kv_scale.dtype, kv_scale.shape, kv_scale.stride()),
-            qo_indptr.shape, qo_indptr.dtype, kv_indptr.shape, kv_indptr.dtype,
-            config.get("kv_seq_len"), config.get("sm_scale"))
-
-
-def _q_scale_meta(q_scale):
-    """What a plan validated about q_scale (part of the plan-cache keys)."""
-    return None if q_scale is None else (q_scale.dtype, q_scale.shape, q_scale.get_device())
+    """Everything a plan validated about its inputs: every tensor's shape, strides, dtype and
+    device, and every config field (the plan-cache key). Pointer alignment is checked by the
+    library on every call."""
+    return (q.shape, q.stride(), q.dtype, q.get_device(), kv.shape, kv.stride(), kv.dtype, kv.get_device(),
+            _tensor_meta(kv_scale), qo_indptr.shape, qo_indptr.stride(), qo_indptr.dtype, qo_indptr.get_device(),
+            kv_indptr.shape, kv_indptr.stride(), kv_indptr.dtype, kv_indptr.get_device(), tuple(config.items()))
 
 
 def _decode_cached(q, kv_data, qo_indptr, kv_indptr, config, kv_format, q_dtype="bf16", q_scale=None):
-    """The per-call path once a plan exists for these tensors' metadata (None otherwise):
-    the metadata is the cache key (everything the plan validated once: shapes, strides,
-    dtypes, device, the uniform length and scale), then an output and one C call with the
-    per-call pointers. A bf16 q (q_dtype "fp8": quantized on the device), or an fp8 q with its
-    q_scale; positional, no keyword parsing: the leaderboard entry calls it directly."""
+    """The per-call path once a plan exists for these inputs' metadata (None otherwise): the
+    metadata is the cache key (everything the plan validated once), then an output and one C
+    call with the per-call pointers. A bf16 q (q_dtype "fp8": quantized on the device), or an
+    fp8 q with its q_scale; positional, no keyword parsing: the leaderboard entry calls it
+    directly."""
     global _last_plan
     try:
         entry = kv_data[kv_format]
         kv, kv_scale = (entry, None) if kv_format == "bf16" and entry.__class__ is not tuple else entry
+        key = _meta(q, kv, kv_scale, qo_indptr, kv_indptr, config) + (q_dtype, _tensor_meta(q_scale))
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
-    plan = _fast_plans.get(_meta(q, kv, kv_scale, qo_indptr, kv_indptr, config) + (q_dtype, _q_scale_meta(q_scale)))
+    plan = _fast_plans.get(key)
     if plan is None:
         return None
+    where = _launch.handle(plan.device_index)
+    pp = (plan.bound.get(where) or plan.bind(where))[0]
     out = _torch_mod.empty(plan.out_shape, dtype=plan.out_dtype, device=plan.device)
-    status = plan._run(plan._pp, q.data_ptr(), q_scale.data_ptr() if q_scale is not None else None, kv.data_ptr(), kv_scale.data_ptr() if kv_scale is not None else None,
-                       qo_indptr.data_ptr(), kv_indptr.data_ptr(), out.data_ptr(), _get_raw_stream(plan.device_index))
+    status = plan._run(pp, q.data_ptr(), q_scale.data_ptr() if q_scale is not None else None, kv.data_ptr(),
+                       kv_scale.data_ptr() if kv_scale is not None else None, qo_indptr.data_ptr(),
+                       kv_indptr.data_ptr(), out.data_ptr(), where)
     if status:
         raise_for(status)
     _last_plan = plan
@@ -354,9 +362,10 @@ def decode(q, kv_data, qo_indptr, kv_indptr, config: dict, *, kv_format: str = "
     Returns (total_q, 16, 512) bf16. force_generic / splits / kernel (a name from kernels())
     override the dispatch, for tests and tuning.
 
-    Per call this reads the tensors' metadata once (the plan cache key), allocates the
-    output and passes the pointers to the library: everything else happened when the
-    plan for this shape was made.
+    Per call this reads the inputs' metadata once (the plan cache key), allocates the output
+    and passes the pointers to the library: everything else happened when the plan for this
+    shape was made. The launches go where `_launch.handle` points them, with the tensors'
+    device made current for their duration.
     """
     global _last_plan
     kv_format = resolve_format(kv_data, kv_format)
@@ -365,7 +374,11 @@ def decode(q, kv_data, qo_indptr, kv_indptr, config: dict, *, kv_format: str = "
         if res is not None:
             return res
     kv, kv_scale = _unpack_kv(kv_data, kv_format)
-    meta = _meta(q, kv, kv_scale, qo_indptr, kv_indptr, config) + (q_dtype, _q_scale_meta(q_scale), kv_format)
+    for name, t in (("q", q), ("kv", kv), ("kv_scale", kv_scale), ("q_scale", q_scale), ("qo_indptr", qo_indptr),
+                    ("kv_indptr", kv_indptr)):
+        if t is not None and not hasattr(t, "data_ptr"):
+            raise MlagenError(1, f"{name}: {type(t).__name__}: expected a torch tensor")
+    meta = _meta(q, kv, kv_scale, qo_indptr, kv_indptr, config) + (q_dtype, _tensor_meta(q_scale), kv_format)
     key = meta + (force_generic, splits, kernel)
     plan = _plans.get(key)
     if plan is None:
@@ -377,20 +390,32 @@ def decode(q, kv_data, qo_indptr, kv_indptr, config: dict, *, kv_format: str = "
     torch = _torch_mod
     if out is None:
         out = torch.empty(plan.out_shape, dtype=torch.bfloat16, device=plan.device)
-    elif (out.dtype != torch.bfloat16 or out.shape != plan.out_shape or not out.is_contiguous()):
-        raise MlagenError(1, f"out: {out.dtype} {tuple(out.shape)}: expected contiguous bf16 {plan.out_shape}")
-    plan.run(q, q_scale, kv, kv_scale, qo_indptr, kv_indptr, out, _get_raw_stream(plan.device_index))
+    elif (out.dtype != torch.bfloat16 or out.shape != plan.out_shape or not out.is_contiguous()
+          or out.device != plan.device):
+        raise MlagenError(1, f"out: {out.dtype} {tuple(out.shape)} on {out.device}: expected contiguous bf16 "
+                             f"{plan.out_shape} on {plan.device}")
+    plan.run(q, q_scale, kv, kv_scale, qo_indptr, kv_indptr, out, _launch.handle(plan.device_index))
     _last_plan = plan
     return out
 
 
 def check_device_errors(device=None) -> None:
     """Synchronize and raise MlagenError if a kernel flagged its inputs (e.g. an indptr
-    that disagrees with the sizes; the affected outputs are NaN). Clears the flag."""
+    that disagrees with the sizes; the affected outputs are NaN). Reads and clears the error
+    word of every plan's scratch on the device (default: the current one)."""
     torch = _torch()
     device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
-    ws = _Workspace.buffers.get(device)
-    if ws is None:
-        return
-    errors = ctypes.c_uint32(0)
-    raise_for(lib().mlagen_take_device_errors(ws.data_ptr(), _stream_of(device), ctypes.byref(errors)))
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    first = None
+    for plan in {id(p): p for p in _plans.values()}.values():
+        if plan.device_index != index:
+            continue
+        for where, (_, ws, _) in list(plan.bound.items()):
+            errors = ctypes.c_uint32(0)
+            with torch.cuda.device(index):
+                status = lib().mlagen_take_device_errors(ws.data_ptr(), where, ctypes.byref(errors))
+            if status and first is None:
+                first = status
+                message = lib().mlagen_last_error().decode()
+    if first is not None:
+        raise MlagenError(first, f"{lib().mlagen_status_name(first).decode()}: {message}")

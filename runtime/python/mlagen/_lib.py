@@ -4,7 +4,7 @@ from __future__ import annotations
 import ctypes
 import os
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 OK, ERR_INVALID, ERR_UNSUPPORTED, ERR_WORKSPACE, ERR_DEVICE, ERR_INPUT_DATA = range(6)
 DTYPE = {"bf16": 1, "fp8e4m3fn": 2, "fp8e4m3fnuz": 3, "mxfp4": 4, "fp8": 5}
 DTYPE_NAME = {v: k for k, v in DTYPE.items()}
@@ -25,9 +25,9 @@ class Problem(ctypes.Structure):
         ("kv", ctypes.c_void_p), ("kv_stride_token", ctypes.c_int64), ("kv_scale", ctypes.c_void_p),
         ("qo_indptr", ctypes.c_void_p), ("kv_indptr", ctypes.c_void_p), ("out", ctypes.c_void_p),
         ("out_stride_token", ctypes.c_int64), ("out_stride_head", ctypes.c_int64),
-        ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t), ("stream", ctypes.c_void_p),
+        ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t),
         ("kernel_name", ctypes.c_char_p), ("kv_scale_stride", ctypes.c_int64), ("q_scale", ctypes.c_void_p),
-        ("q_from_bf16", ctypes.c_int32),
+        ("q_from_bf16", ctypes.c_int32), ("device", ctypes.c_int32),
     ]
 
     @classmethod
@@ -42,7 +42,7 @@ class Problem(ctypes.Structure):
                 q=0x1000, q_stride_token=num_heads * qk_dim, q_stride_head=qk_dim,
                 kv=0x2000, kv_stride_token=qk_dim, kv_scale=0x3000, qo_indptr=0x4000, kv_indptr=0x5000,
                 out=0x6000, out_stride_token=num_heads * v_dim, out_stride_head=v_dim,
-                kv_scale_stride=18, q_scale=0x7000)
+                kv_scale_stride=18, q_scale=0x7000, device=-1)
         if p.kv_dtype == DTYPE["mxfp4"]:
             p.kv_stride_token = qk_dim // 2
         for k, v in fields.items():
@@ -93,7 +93,7 @@ def lib(path: str | None = None):
     sig = {
         "mlagen_select": (ctypes.c_int, [P, I]),
         "mlagen_workspace_bytes": (ctypes.c_size_t, [P]),
-        "mlagen_decode": (ctypes.c_int, [P, I]),
+        "mlagen_decode": (ctypes.c_int, [P, I, vp]),
         "mlagen_decode_ptrs": (ctypes.c_int, [P, vp, vp, vp, vp, vp, vp, vp, vp]),
         "mlagen_take_device_errors": (ctypes.c_int, [vp, vp, ctypes.POINTER(ctypes.c_uint32)]),
         "mlagen_last_error": (ctypes.c_char_p, []),

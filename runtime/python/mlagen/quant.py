@@ -147,12 +147,25 @@ def quantize_mxfp4(x: torch.Tensor, pad_scales: bool = False, *, pad_value: int 
     return data, scales
 
 
+def _as_bytes(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype == torch.uint8 else t.view(torch.uint8)
+
+
+def as_task_dtypes(data: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mxfp4 pair typed as the task's inputs arrive (aiter's dtypes): data as
+    torch.float4_e2m1fn_x2 and scales as torch.float8_e8m0fnu, where this torch has them
+    (the bytes are the same; uint8 otherwise)."""
+    f4, e8 = getattr(torch, "float4_e2m1fn_x2", None), getattr(torch, "float8_e8m0fnu", None)
+    return (data.view(f4) if f4 is not None else data), (scales.view(e8) if e8 is not None else scales)
+
+
 def dequantize_mxfp4(data: torch.Tensor, scales: torch.Tensor, dim: int | None = None, *,
                      chunk_rows: int = 1 << 16) -> torch.Tensor:
     """(data uint8 (..., dim/2), scales uint8 (>= rows, >= dim/32)) -> float32 (..., dim).
     dim (576 for the KV) defaults to 2 * data.shape[-1]; given, it must agree with it. A scale
     tensor with padding (more rows, or more columns than dim/32) is accepted; the padding is
     ignored. E8M0 byte 255 is NaN."""
+    data, scales = _as_bytes(data), _as_bytes(scales)  # float4_e2m1fn_x2 / float8_e8m0fnu as the task sends them
     *lead, half = data.shape
     n, rows = 2 * half, math.prod(lead)
     if dim is not None and dim != n:

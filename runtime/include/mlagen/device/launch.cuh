@@ -98,9 +98,9 @@ mlagen_status launch_combine(const mlagen_problem* pr, const Params& p, Combine*
 // An fp8-q kernel (T::kQ == kFp8) runs as generated for an fp8 q given with its scale, and as
 // its kFp8FromBf16 instantiation when the library quantizes a bf16 q.
 template <class T, class Shape>
-mlagen_status launch_mla_decode(const mlagen_problem* pr, int32_t splits) {
+mlagen_status launch_mla_decode(const mlagen_problem* pr, int32_t splits, void* raw_stream) {
   const Params p = make_params(pr, splits);
-  const auto stream = static_cast<hipStream_t>(pr->stream);
+  const auto stream = static_cast<hipStream_t>(raw_stream);
   const dim3 grid(splits, pr->batch), block(T::kThreads);
   auto* combine = &mla_combine_kernel<T, Shape>;
   if constexpr (T::kQ == QFormat::kFp8) {
