@@ -1,4 +1,10 @@
-"""Shared pytest setup: import paths, the gpu marker, and a count of executed GPU tests."""
+"""Shared pytest setup: import paths, the gpu marker, and a count of executed GPU tests.
+
+GPU tests are the `gpu`-marked ones; a GPU test module is named tests/test_gpu_*.py, so that a
+module skipped as a whole at import (pytest.importorskip) is counted too. With
+MLAGEN_REQUIRE_GPU=1 (the H200 run, .ci/gpu) the session fails when any GPU test or module
+was skipped, or none ran.
+"""
 import os
 import sys
 
@@ -9,7 +15,13 @@ for p in (os.path.join(ROOT, "runtime", "python"), ROOT):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-_gpu_counts = {"passed": 0, "failed": 0, "skipped": 0}
+_gpu_counts = {"passed": 0, "failed": 0, "skipped": 0, "modules_skipped": 0}
+_gpu_skips: list = []
+REQUIRE_GPU = os.environ.get("MLAGEN_REQUIRE_GPU") == "1"
+
+
+def _is_gpu_module(path) -> bool:
+    return os.path.basename(str(path)).startswith("test_gpu")
 
 
 def pytest_configure(config):
@@ -33,14 +45,43 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=f"GPU test: {why}"))
 
 
+def pytest_collectreport(report):
+    if report.skipped and _is_gpu_module(report.fspath):
+        _gpu_counts["modules_skipped"] += 1
+        _gpu_skips.append(f"{report.nodeid}: module skipped: {report.longrepr}")
+
+
 def pytest_runtest_logreport(report):
     if "gpu" in report.keywords and (report.when == "call" or (report.when == "setup" and report.skipped)):
         outcome = "skipped" if report.skipped else ("passed" if report.passed else "failed")
         _gpu_counts[outcome] += 1
+        if report.skipped:
+            _gpu_skips.append(f"{report.nodeid}: {report.longrepr}")
+
+
+def _require_gpu_failure() -> str | None:
+    c = _gpu_counts
+    if not REQUIRE_GPU:
+        return None
+    if c["skipped"] or c["modules_skipped"]:
+        return f"MLAGEN_REQUIRE_GPU=1: {c['skipped']} GPU tests and {c['modules_skipped']} GPU modules skipped"
+    if c["passed"] + c["failed"] == 0:
+        return "MLAGEN_REQUIRE_GPU=1: no GPU test ran"
+    return None
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _require_gpu_failure() and session.exitstatus == 0:
+        session.exitstatus = 1
 
 
 def pytest_terminal_summary(terminalreporter):
     c = _gpu_counts
     terminalreporter.write_line(
-        f"GPU tests: {c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped (executed: "
-        f"{c['passed'] + c['failed']})")
+        f"GPU tests: {c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped, "
+        f"{c['modules_skipped']} GPU modules skipped (executed: {c['passed'] + c['failed']})")
+    why = _require_gpu_failure()
+    if why:
+        for line in _gpu_skips[:20]:
+            terminalreporter.write_line(f"  skipped GPU: {line}")
+        terminalreporter.write_line(f"FAILED: {why}")

@@ -93,7 +93,7 @@ BAD = [
     (dict(q_len=4), "q_len=4: expected 1"),
     (dict(qk_dim=512), "qk_dim=512: expected 576"),
     (dict(v_dim=576), "v_dim=576: expected 512"),
-    (dict(batch=0), "batch=0: expected >= 1"),
+    (dict(batch=0), "batch=0: expected 1..65535"),
     (dict(total_q=5), "total_q=5: expected batch\\*q_len = 4"),
     (dict(total_kv=4000), "total_kv=4000: expected batch\\*kv_len = 4096"),
     (dict(sm_scale=float("nan")), "sm_scale=nan"),
@@ -111,7 +111,7 @@ BAD = [
     (dict(out_stride_head=500), "out_stride_head=500"),
     (dict(out_stride_token=512), "out_stride_token=512"),
     (dict(q_dtype=9), "q_dtype=9"),
-    (dict(abi_version=7), "abi_version=7: expected 2"),
+    (dict(abi_version=7), "abi_version=7: expected 3"),
 ]
 
 

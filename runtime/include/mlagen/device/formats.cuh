@@ -179,6 +179,11 @@ constexpr int kFp8MinExp = -6;
 constexpr int kQAmaxParts = 240;   // pre-pass blocks at most (their maxima sit in the workspace)
 constexpr int kQAmaxOffset = 64;   // workspace byte offset of the maxima (inside its reserved 1 KB)
 
+// The largest of two magnitudes (>= 0) that keeps a NaN: on the bits of non-negative floats
+// the integer order is the float order, and every NaN lies above +Inf. (fmaxf would drop it,
+// and a NaN in q must make the per-tensor scale NaN, as the reference's amax does.)
+MLAGEN_DEVICE float nan_max(float a, float b) { return __uint_as_float(max(__float_as_uint(a), __float_as_uint(b))); }
+
 MLAGEN_DEVICE float round_bf16(float x) { return bf16_lo(pack_bf16x2(x, 0.f)); }
 MLAGEN_DEVICE float pow2i(int k) { return __uint_as_float(static_cast<uint32_t>(k + 127) << 23); }  // k in [-126, 127]
 // Round-to-nearest-even onto the arch's e4m3 grid (3 mantissa bits, subnormals below
@@ -234,9 +239,10 @@ MLAGEN_DEVICE QQuant q_setup(const Params& p, float q_given) {
     // every warp reduces the pre-pass maxima itself (a few loads a lane, then shuffles)
     const int lane = threadIdx.x % MLAGEN_WARP_SIZE;
     float amax = 0.f;
-    for (int i = lane; i < p.q_amax_parts; i += MLAGEN_WARP_SIZE) amax = fmaxf(amax, p.q_amax[i]);
-    for (int o = MLAGEN_WARP_SIZE / 2; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor(amax, o));
-    const float scale = round_bf16(round_bf16(fmaxf(amax, 1e-12f)) / kFp8Max);
+    for (int i = lane; i < p.q_amax_parts; i += MLAGEN_WARP_SIZE) amax = nan_max(amax, p.q_amax[i]);
+    for (int o = MLAGEN_WARP_SIZE / 2; o > 0; o /= 2) amax = nan_max(amax, __shfl_xor(amax, o));
+    // a NaN in q makes the scale NaN and so every output NaN, as the reference's recipe does
+    const float scale = round_bf16(round_bf16(nan_max(amax, 1e-12f)) / kFp8Max);
     return QQuant{scale, true, 1.f / scale};
   }
 }
@@ -275,13 +281,33 @@ MLAGEN_DEVICE float4 load_q4(const Params& p, const QQuant& qq, int64_t q_row, i
   return q4_from_raw<QF>(qq, load_q4_raw<QF>(p, q_row, head, dim));
 }
 
+// ---- a bf16 q as f16 ------------------------------------------------------------------------
+// The f16 matrix paths (the NVIDIA mma.sync fp8 kernel, the AMD fp8 MFMA kernel) take a bf16 q
+// as f16, which holds |x| <= 65504 where bf16 holds 3.4e38. So the q of a block is scaled by
+// 2^-k, k the least that brings its largest |q| under 2^15, and S by 2^k: exact (a power of two
+// only moves exponents), and k = 0 (bit-identical) for every q an f16 holds. Every thread of
+// the block calls it (a barrier); `scratch` (kWarps floats of shared memory) must not be
+// written again before the caller's next barrier. An fp8 q (|q8| <= 448 in units of its scale)
+// needs none.
+MLAGEN_DEVICE float absmax4(float4 v) { return fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))); }
+template <int kWarps>
+MLAGEN_DEVICE int f16_q_shift(float amax, float* scratch) {
+  for (int o = MLAGEN_WARP_SIZE / 2; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor(amax, o));
+  if (threadIdx.x % MLAGEN_WARP_SIZE == 0) scratch[threadIdx.x / MLAGEN_WARP_SIZE] = amax;
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) amax = fmaxf(amax, scratch[w]);
+  const int e = static_cast<int>((__float_as_uint(amax) >> 23) & 0xffu) - 127;  // Inf: 128
+  return e >= 15 ? e - 14 : 0;
+}
+
 // The pre-pass of fp8 q quantized here: block i writes max|q| over rows i, i + grid, ...
 // in 16-byte loads, all of them in flight at once. kThreads threads; grid = min(total_q,
 // kQAmaxParts). (A template: one definition however many generated files include it.)
 MLAGEN_DEVICE float absmax_bf16x8(uint4 v) {
-  const float a = fmaxf(fmaxf(fabsf(bf16_lo(v.x)), fabsf(bf16_hi(v.x))), fmaxf(fabsf(bf16_lo(v.y)), fabsf(bf16_hi(v.y))));
-  const float b = fmaxf(fmaxf(fabsf(bf16_lo(v.z)), fabsf(bf16_hi(v.z))), fmaxf(fabsf(bf16_lo(v.w)), fabsf(bf16_hi(v.w))));
-  return fmaxf(a, b);
+  const float a = nan_max(nan_max(fabsf(bf16_lo(v.x)), fabsf(bf16_hi(v.x))), nan_max(fabsf(bf16_lo(v.y)), fabsf(bf16_hi(v.y))));
+  const float b = nan_max(nan_max(fabsf(bf16_lo(v.z)), fabsf(bf16_hi(v.z))), nan_max(fabsf(bf16_lo(v.w)), fabsf(bf16_hi(v.w))));
+  return nan_max(a, b);
 }
 template <int kThreads = 256>
 __global__ void __launch_bounds__(kThreads) q_amax_kernel(const Params p) {
@@ -305,14 +331,14 @@ __global__ void __launch_bounds__(kThreads) q_amax_kernel(const Params p) {
 #pragma unroll
     for (int u = 0; u < kInFlight; ++u) v[u] = j0 + u * kThreads < pieces ? piece(j0 + u * kThreads) : make_uint4(0, 0, 0, 0);
 #pragma unroll
-    for (int u = 0; u < kInFlight; ++u) m = fmaxf(m, absmax_bf16x8(v[u]));
+    for (int u = 0; u < kInFlight; ++u) m = nan_max(m, absmax_bf16x8(v[u]));
   }
   __shared__ float red[kThreads / MLAGEN_WARP_SIZE];
-  for (int o = MLAGEN_WARP_SIZE / 2; o > 0; o /= 2) m = fmaxf(m, __shfl_xor(m, o));
+  for (int o = MLAGEN_WARP_SIZE / 2; o > 0; o /= 2) m = nan_max(m, __shfl_xor(m, o));
   if (threadIdx.x % MLAGEN_WARP_SIZE == 0) red[threadIdx.x / MLAGEN_WARP_SIZE] = m;
   __syncthreads();
   if (threadIdx.x == 0) {
-    for (int w = 1; w < kThreads / MLAGEN_WARP_SIZE; ++w) m = fmaxf(m, red[w]);
+    for (int w = 1; w < kThreads / MLAGEN_WARP_SIZE; ++w) m = nan_max(m, red[w]);
     p.q_amax[blockIdx.x] = m;
   }
 }

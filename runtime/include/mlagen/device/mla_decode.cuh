@@ -179,7 +179,17 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
     for (int r = 0; r < 2; ++r)
       q_raw[c][r] = load_q4_raw<T::kQ>(p, seq.q_row, g + 8 * r, (warp * T::kQkChunksPerWarp + c) * 16 + 4 * t);
   const QQuant qq = q_setup<T::kQ>(p, q_given);
-  const float s_scale = kv_scale * qq.scale * kKDecodeScale * p.sm_scale * kLog2e;  // log2 domain
+  int q_shift = 0;  // a bf16 q beyond f16's range: f16_q_shift (red is free until the loop's first barrier)
+  if constexpr (T::kQ == QFormat::kBf16) {
+    float a = 0.f;
+#pragma unroll
+    for (int c = 0; c < T::kQkChunksPerWarp; ++c)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) a = fmaxf(a, absmax4(q4_from_raw<T::kQ>(qq, q_raw[c][r])));
+    q_shift = f16_q_shift<T::kThreads / W>(a, reinterpret_cast<float*>(red));
+  }
+  const float q_mul = pow2i(-q_shift);
+  const float s_scale = kv_scale * qq.scale * pow2i(q_shift) * kKDecodeScale * p.sm_scale * kLog2e;  // log2 domain
   // Q as f16 A fragments for this warp's 144 dims. The k order inside each 16-dim chunk
   // is permuted to match how K arrives (4 consecutive fp8 per lane, see below):
   // logical k 2t,2t+1 <- dims 4t,4t+1 and logical k 2t+8,2t+9 <- dims 4t+2,4t+3.
@@ -189,8 +199,8 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float4 v = q4_from_raw<T::kQ>(qq, q_raw[c][r]);
-      qf[c][r] = pack_f16x2(v.x, v.y);
-      qf[c][r + 2] = pack_f16x2(v.z, v.w);
+      qf[c][r] = pack_f16x2(v.x * q_mul, v.y * q_mul);
+      qf[c][r + 2] = pack_f16x2(v.z * q_mul, v.w * q_mul);
     }
   }
 

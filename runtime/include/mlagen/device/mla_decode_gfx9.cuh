@@ -160,7 +160,15 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
   const uint8_t* kv = p.kv + seq.kv_begin * p.kv_stride_bytes;
   const float kv_scale = kv_scale_of(p);
   const QQuant qq = q_setup<T::kQ>(p, q_given);
-  const float s_scale = kv_scale * qq.scale * kKDecodeScale * p.sm_scale * kLog2e;  // log2 domain
+  int q_shift = 0;  // a bf16 q beyond f16's range: f16_q_shift (red is free until the loop's first barrier)
+  if constexpr (T::kQ == QFormat::kBf16) {
+    float a = 0.f;
+#pragma unroll
+    for (int c = 0; c < QC; ++c) a = fmaxf(a, absmax4(load_q4<T::kQ>(p, qq, seq.q_row, i, (wave * QC + c) * 16 + 4 * j)));
+    q_shift = f16_q_shift<T::kWarps>(a, reinterpret_cast<float*>(red));
+  }
+  const float q_mul = pow2i(-q_shift);
+  const float s_scale = kv_scale * qq.scale * pow2i(q_shift) * kKDecodeScale * p.sm_scale * kLog2e;  // log2 domain
   const float o_scale = kv_scale * kVDecodeScale;
 
   // Q^T as the B operand of S^T = K Q^T: lane (i, j) holds head i, dims 4j..4j+3 of each
@@ -169,7 +177,7 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
 #pragma unroll
   for (int c = 0; c < QC; ++c) {
     const float4 v = load_q4<T::kQ>(p, qq, seq.q_row, i, (wave * QC + c) * 16 + 4 * j);
-    qf[c] = f32x4_to_f16x4(v.x, v.y, v.z, v.w);
+    qf[c] = f32x4_to_f16x4(v.x * q_mul, v.y * q_mul, v.z * q_mul, v.w * q_mul);
   }
 
   uint4 staged[T::kCopiesPerThread];
