@@ -10,9 +10,17 @@ JOBS ?= $(shell nproc)
 export MLAGEN_LIBRARY ?= $(abspath $(BUILD)/libmlagen.so)
 export PYTHONPATH := $(abspath runtime/python):$(abspath .):$(PYTHONPATH)
 
-.PHONY: tune all generate check-generated list build test test-cpu test-gpu bench sanitize clean bundle bundle-local leaderboard-test leaderboard-bench check-amd lib-amd
+.PHONY: setup gpu-check tune all generate check-generated list build test test-cpu test-gpu bench sanitize clean bundle bundle-local leaderboard-test leaderboard-bench check-amd lib-amd
 
 all: build
+
+# the README's first command on a fresh machine: tools, Python packages, the library
+setup:
+	PYTHON=$(PYTHON) tools/setup.sh
+
+# GPU-only targets say in one line why they cannot run here (and stop)
+gpu-check:
+	@$(PYTHON) -c 'import importlib.util as u, sys; t = u.find_spec("torch") is not None; ok = t and __import__("torch").cuda.is_available(); ok or print("$(MAKECMDGOALS): needs torch and a CUDA GPU (" + ("torch sees no GPU" if t else "torch is not installed") + "); nothing was run"); sys.exit(0 if ok else 2)'
 
 generate:
 	$(PYTHON) -m codegen generate $(GEN_ARGS) --out $(GEN_DIR)
@@ -39,16 +47,17 @@ test-cpu: build
 test-gpu: build
 	$(PYTHON) -m pytest -q tests -m gpu
 
-bench: build
+bench: gpu-check build
 	$(PYTHON) bench/bench.py --out bench/results
 
 # measure splits x tiles per catalog shape on the GPU, write codegen/tuning.json, rebuild
-tune: build
+tune: gpu-check build
 	$(PYTHON) bench/tune.py $(TUNE_ARGS) --log bench/results/tune_log.json
 	$(MAKE) build
 
-sanitize: build
-	$(PYTHON) bench/sanitize.py
+# results go to build/sanitize; commit one by copying it into bench/results
+sanitize: gpu-check build
+	$(PYTHON) bench/sanitize.py --out build/sanitize
 
 # ---- the leaderboard bundle ------------------------------------------------------------
 # dist/submission.py: the file to submit, MI355X (gfx950), carrying a slim library: only the
@@ -90,10 +99,10 @@ bundle-local:
 	  --gen-dir $(call SLIM,sm90a)/generated --kv-format $(KV_FORMAT) --out dist/submission_sm90a.py
 
 # the leaderboard's method on the local-test bundle, in a fresh process (GPU); dist/submission.py is left alone
-leaderboard-test: bundle-local
+leaderboard-test: gpu-check bundle-local
 	$(PYTHON) -m tests.leaderboard.harness dist/submission_sm90a.py --mode test --json dist/leaderboard-test.json
 
-leaderboard-bench: bundle-local
+leaderboard-bench: gpu-check bundle-local
 	$(PYTHON) -m tests.leaderboard.harness dist/submission_sm90a.py --mode leaderboard --seed-peer --json dist/leaderboard-bench.json
 
 # AMD: compile-check every generated gfx942/gfx950 kernel and inspect its assembly (MFMA

@@ -143,7 +143,8 @@ def parse_log(text: str) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default=os.path.join(C.REPO, "bench", "results"), help="output folder")
+    p.add_argument("--out", default=os.path.join(C.REPO, "build", "sanitize"),
+                   help="output folder (default build/sanitize: a run never overwrites a committed result)")
     p.add_argument("--tools", default="memcheck,racecheck,racecheck_wide",
                    help="comma list of compute-sanitizer tools (memcheck, racecheck, initcheck, synccheck) "
                         "or 'plain' (no sanitizer); racecheck_wide = racecheck of the bf16/mxfp4 kernels; "
@@ -170,7 +171,6 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=1800, help="seconds per tool (default 1800)")
     args = p.parse_args(argv)
 
-    os.makedirs(args.out, exist_ok=True)
     tools = [t.strip() for t in args.tools.split(",") if t.strip()]
     needs_sanitizer = any(t != "plain" for t in tools)
     san = find_sanitizer(args.sanitizer) if needs_sanitizer else None
@@ -185,13 +185,12 @@ def main(argv=None) -> int:
             json.dump(C.json_clean(report), f, indent=1)
             f.write("\n")
 
-    if needs_sanitizer and not san:
-        report["ok"] = False
-        report["error"] = "compute-sanitizer not found (PATH, /usr/local/cuda/bin); pass --sanitizer PATH"
-        write()
-        print(report["error"], flush=True)
+    if needs_sanitizer and not san:  # nothing ran: say so, and write no result file
+        print("sanitize: compute-sanitizer not found (PATH, /usr/local/cuda/bin; pass --sanitizer PATH); "
+              "nothing was run", flush=True)
         return 2
 
+    os.makedirs(args.out, exist_ok=True)
     env = dict(os.environ)
     py_path = os.path.join(C.REPO, "runtime", "python")
     env["PYTHONPATH"] = py_path + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")

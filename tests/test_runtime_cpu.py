@@ -14,6 +14,16 @@ from mlagen._lib import Problem  # noqa: E402
 from codegen import catalog  # noqa: E402
 
 
+def _unbuilt_shape():
+    """A (batch, kv_len) with no specialized kernel in the catalog (the README's add-a-shape
+    example, 48x2048, may have been added to codegen/shapes.txt)."""
+    built = {(s.batch, s.kv_len) for s in catalog.build_catalog()}
+    return next(sh for sh in ((48, 2048), (47, 2000), (45, 1999), (43, 1777)) if sh not in built)
+
+
+UNBUILT = _unbuilt_shape()
+
+
 @pytest.fixture(scope="module")
 def L():
     path = _lib.library_path()
@@ -47,11 +57,11 @@ def test_leaderboard_shapes_dispatch_to_their_kernel(L, batch, kv_len):
 
 @pytest.mark.parametrize("q_dtype,kv_dtype", catalog.GENERIC_DTYPES["sm90a"])
 def test_every_format_has_a_generic_kernel(L, q_dtype, kv_dtype):
-    info = _lib.select(Problem.make(48, 2048, q_dtype=q_dtype, kv_dtype=kv_dtype))
+    info = _lib.select(Problem.make(*UNBUILT, q_dtype=q_dtype, kv_dtype=kv_dtype))
     assert info["generic"] and (info["q_dtype"], info["kv_dtype"]) == (q_dtype, kv_dtype)
 
 
-@pytest.mark.parametrize("fields", [dict(batch=48, kv_len=2048), dict(batch=4, kv_len=1000),
+@pytest.mark.parametrize("fields", [dict(batch=UNBUILT[0], kv_len=UNBUILT[1]), dict(batch=4, kv_len=1000),
                                     dict(batch=4, kv_len=0, total_kv=4 * 1024),
                                     dict(batch=4, kv_len=1024, force_generic=1),
                                     dict(batch=4, kv_len=1024, splits=3)])
@@ -79,12 +89,33 @@ def test_generic_splits_follow_the_generators_heuristic(L, batch, kv_len):
     assert got == catalog.heuristic_params("sm90a", batch, kv_len, "fp8e4m3fn")["splits"]
 
 
-def test_workspace_size(L):
-    p = Problem.make(32, 8192)
-    info = _lib.select(p)
-    assert L.mlagen_workspace_bytes(ctypes.byref(p)) >= 32 * info["splits"] * 16 * 512 * 4
-    assert L.mlagen_workspace_bytes(ctypes.byref(Problem.make(256, 8192))) >= 256  # error word only
-    assert L.mlagen_workspace_bytes(ctypes.byref(Problem.make(4, 1024, num_heads=8))) == 0
+def _workspace_layout_bytes(batch, splits, heads=16, v_dim=512):
+    """runtime/include/mlagen/internal.h workspace_layout: [0, 1024) the error word and the
+    fp8-q maxima; with splits > 1 then the split maxima/sums (8 bytes a (sequence, split,
+    head)), aligned to 256, then the split outputs (float32, v_dim a (sequence, split, head))."""
+    if splits <= 1:
+        return 1024
+    o_offset = -(-(1024 + batch * splits * heads * 8) // 256) * 256
+    return o_offset + batch * splits * heads * v_dim * 4
+
+
+@pytest.mark.parametrize("fields", [dict(batch=32, kv_len=8192), dict(batch=256, kv_len=8192),
+                                    dict(batch=4, kv_len=1024), dict(batch=48, kv_len=2048),
+                                    dict(batch=4, kv_len=1024, force_generic=1, splits=3),
+                                    dict(batch=4, kv_len=1024, force_generic=1, splits=1)],
+                         ids=lambda f: "-".join(f"{k}{v}" for k, v in f.items()))
+def test_workspace_size(L, fields):
+    p = Problem.make(**fields)
+    splits = _lib.select(p)["splits"]
+    assert L.mlagen_workspace_bytes(ctypes.byref(p)) == _workspace_layout_bytes(fields["batch"], splits)
+
+
+def test_workspace_size_exact_values(L):
+    # the layout worked by hand: one split is the 1024-byte header alone; batch 4 x 3 splits x
+    # 16 heads: 1024 + 4*3*16*8 = 2560 (256-aligned already) + 4*3*16*512*4 = 393216 bytes of partials
+    assert L.mlagen_workspace_bytes(ctypes.byref(Problem.make(4, 1024, force_generic=1, splits=1))) == 1024
+    assert L.mlagen_workspace_bytes(ctypes.byref(Problem.make(4, 1024, force_generic=1, splits=3))) == 2560 + 393216
+    assert L.mlagen_workspace_bytes(ctypes.byref(Problem.make(4, 1024, num_heads=8))) == 0  # invalid: no kernel
 
 
 BAD = [
