@@ -5,7 +5,7 @@ features the gfx9 kernel uses (threads, barriers, wave shuffles, the MFMA builti
 their documented operand layouts, v_perm_b32, the fp8 decode of each arch), and
 tests/amd_emu/run_gfx9.cpp runs the real mla_decode_gfx9.cuh + combine kernels on inputs
 with split, tail, empty and over-split sequences against a float64 reference on the
-dequantized inputs, for each format pair the gfx9 kernel implements: fp8 KV (f16 MFMA) with
+dequantized inputs (and a bf16 q beyond f16's range), for each format pair the gfx9 kernel implements: fp8 KV (f16 MFMA) with
 bf16 or fp8 q, bf16 KV and mxfp4 KV (bf16 MFMA; mxfp4 scale row strides 18 and 24) with bf16
 or fp8 q. The KV and scale tensors end at a PROT_NONE page, so an out-of-bounds read
 crashes the run. This checks every index map of the AMD kernel (fragments, transposes,
@@ -45,4 +45,5 @@ def test_gfx9_kernel_source_matches_float64_reference(arch, tmp_path):
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
     print(run.stdout)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert run.stdout.count(" ok\n") == 30  # 6 format pairs x 5 cases
+    assert run.stdout.count(" ok\n") == 33  # 6 format pairs x 5 cases + |q| > 65504 for the 3 bf16-q pairs
+    assert run.stdout.count("q-beyond-f16") == 3

@@ -122,8 +122,9 @@ struct Format {
 // Shape: DynamicShape (lengths from kv_indptr) or a StaticShape<batch, kv_len, splits>.
 // corrupt: shift one kv_indptr entry so the kernel's device-side check must flag it (NaN rows).
 template <KvFormat KF, QFormat QF, class Shape>
+// q_mul: q drawn times this (3e5: |q| past f16's 65504, which a bf16 q holds).
 static bool run_case(const Format& fmt, const char* name, const std::vector<int>& lens, int splits, uint32_t seed,
-                     bool corrupt = false) {
+                     bool corrupt = false, float q_mul = 1.f) {
   const int batch = static_cast<int>(lens.size());
   std::vector<int32_t> kv_indptr(batch + 1, 0), qo_indptr(batch + 1);
   for (int b = 0; b < batch; ++b) kv_indptr[b + 1] = kv_indptr[b] + lens[b];
@@ -142,7 +143,7 @@ static bool run_case(const Format& fmt, const char* name, const std::vector<int>
   {
     std::vector<float> x(nq);
     float amax = 0.f;
-    for (auto& v : x) v = normal(rng), amax = std::max(amax, std::fabs(v));
+    for (auto& v : x) v = q_mul * normal(rng), amax = std::max(amax, std::fabs(v));
     q_scale = amax / kHostFp8Max;
     for (size_t e = 0; e < nq; ++e) {
       if constexpr (QF == QFormat::kFp8) {
@@ -272,6 +273,8 @@ static bool run_format(const Format& fmt, uint32_t seed) {
   ok &= run_case<KF, QF, StaticShape<3, 96, 2>>(fmt, "static-shape", {96, 96, 96}, 2, seed + 4);
   ok &= run_case<KF, QF, StaticShape<3, 96, 2>>(fmt, "static-shape-bad-indptr", {96, 96, 96}, 2, seed + 5,
                                                 /*corrupt=*/true);
+  if constexpr (QF == QFormat::kBf16)  // a bf16 q beyond f16's range (the fp8 path converts q to f16)
+    ok &= run_case<KF, QF, DynamicShape>(fmt, "q-beyond-f16", {100, 33}, 2, seed + 6, false, 3e5f);
   return ok;
 }
 
