@@ -282,16 +282,16 @@ def _check_device_once(dev):
 
 
 def _tensor_meta(t):
-    return None if t is None else (t.shape, t.stride(), t.dtype, t.get_device())
+    return None if t is None else (t.size(), t.stride(), t.dtype, t.get_device())
 
 
 def _meta(q, kv, kv_scale, qo_indptr, kv_indptr, config):
     """Everything a plan validated about its inputs: every tensor's shape, strides, dtype and
     device, and every config field (the plan-cache key). Pointer alignment is checked by the
     library on every call."""
-    return (q.shape, q.stride(), q.dtype, q.get_device(), kv.shape, kv.stride(), kv.dtype, kv.get_device(),
-            _tensor_meta(kv_scale), qo_indptr.shape, qo_indptr.stride(), qo_indptr.dtype, qo_indptr.get_device(),
-            kv_indptr.shape, kv_indptr.stride(), kv_indptr.dtype, kv_indptr.get_device(), tuple(config.items()))
+    return (q.size(), q.stride(), q.dtype, q.get_device(), kv.size(), kv.stride(), kv.dtype, kv.get_device(),
+            _tensor_meta(kv_scale), qo_indptr.size(), qo_indptr.stride(), qo_indptr.dtype, qo_indptr.get_device(),
+            kv_indptr.size(), kv_indptr.stride(), kv_indptr.dtype, kv_indptr.get_device(), *config.items())
 
 
 def _decode_cached(q, kv_data, qo_indptr, kv_indptr, config, kv_format, q_dtype="bf16", q_scale=None):
