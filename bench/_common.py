@@ -1,8 +1,9 @@
 """Shared helpers for bench/bench.py, bench/sanitize.py and bench/_sanitize_child.py.
 
 Inputs are built the leaderboard's way (q and KV bf16 standard normal, per-tensor fp8
-e4m3fn quantization of the KV with scale = amax / 448), and the reference is float32
-attention on the dequantized fp8 KV. Nothing here needs a GPU to import.
+e4m3fn quantization of the KV with scale = amax / 448: mlagen.quant's recipe), and the
+reference is float32 attention on the dequantized fp8 KV (task_inputs.attention_reference).
+Nothing here needs a GPU to import.
 """
 from __future__ import annotations
 
@@ -107,14 +108,19 @@ def make_config(batch: int, kv_len: int | None) -> dict:
 
 
 def quantize_fp8(kv_bf16):
-    """Per-tensor dynamic fp8 e4m3fn quantization: scale = amax / 448 (shape (1,), float32)."""
-    import torch
-    scale = (kv_bf16.abs().amax().float() / FP8_MAX).reshape(1)
-    x = kv_bf16.float()
-    x.div_(scale).clamp_(-FP8_MAX, FP8_MAX)
-    kv_fp8 = x.to(torch.float8_e4m3fn)
-    del x
-    return kv_fp8, scale
+    """The task's per-tensor fp8 e4m3fn recipe, mlagen.quant.quantize_fp8 (scale = amax / 448
+    in the input's dtype): (fp8 shaped like the input, scale (1,) float32)."""
+    ensure_mlagen_importable()
+    from mlagen import quant
+    return quant.quantize_fp8(kv_bf16)
+
+
+def task_inputs():
+    """tests/leaderboard/task_inputs.py (the task's inputs, check and the one attention reference)."""
+    if REPO not in sys.path:
+        sys.path.insert(0, REPO)
+    from tests.leaderboard import task_inputs as ti
+    return ti
 
 
 def make_inputs(batch: int, kv_len: int | None, seed: int, device, *, lengths: list[int] | None = None,
@@ -151,36 +157,16 @@ def make_inputs(batch: int, kv_len: int | None, seed: int, device, *, lengths: l
 
 
 def reference_fp8(inp: dict, *, max_chunk_bytes: int = 1 << 30):
-    """float32 attention on the dequantized fp8 KV -> (batch, 16, 512) float32.
-    Zero-length sequences give zeros."""
+    """float32 attention on the dequantized fp8 KV (inp["kv_fp8"] * inp["scale"]; any float
+    tensor works, reference_as_seen passes dequantized values with scale 1) and inp["q"] ->
+    (batch, 16, 512) float32. Zero-length sequences give zeros. A wrapper of
+    task_inputs.attention_reference, at most ~max_chunk_bytes of float32 K at a time."""
     import torch
-    q, kv_fp8, scale = inp["q"], inp["kv_fp8"], inp["scale"]
-    batch = inp["batch"]
-    out = torch.zeros((batch, NUM_HEADS, V_DIM), dtype=torch.float32, device=q.device)
-
-    def attend(qf, kvf):  # qf (c, 16, 576), kvf (c, L, 576)
-        s = torch.bmm(qf, kvf.transpose(1, 2)) * SM_SCALE
-        p = torch.softmax(s, dim=-1)
-        return torch.bmm(p, kvf[:, :, :V_DIM])
-
-    if inp["uniform"]:
-        L = inp["kv_len"]
-        kv3 = kv_fp8.view(batch, L, QK_DIM)
-        chunk = max(1, max_chunk_bytes // max(1, L * QK_DIM * 4))
-        for b0 in range(0, batch, chunk):
-            b1 = min(batch, b0 + chunk)
-            kvf = kv3[b0:b1].float() * scale
-            out[b0:b1] = attend(q[b0:b1].float(), kvf)
-    else:
-        ptr = inp["kv_indptr_host"]
-        flat = kv_fp8.view(-1, QK_DIM)
-        for b in range(batch):
-            n = ptr[b + 1] - ptr[b]
-            if n == 0:
-                continue
-            kvf = flat[ptr[b]:ptr[b + 1]].float().unsqueeze(0) * scale
-            out[b:b + 1] = attend(q[b:b + 1].float(), kvf)
-    return out
+    q, kv, scale = inp["q"], inp["kv_fp8"], inp["scale"]
+    flat = kv.reshape(-1, QK_DIM)
+    return task_inputs().attention_reference(q, lambda a, b: flat[a:b].float() * scale, inp["qo_indptr"],
+                                             inp["kv_indptr"], SM_SCALE, v_dim=V_DIM, chunk_bytes=max_chunk_bytes,
+                                             dtype=torch.float32, empty=0.0)
 
 
 def rel_l2(out, ref) -> float:

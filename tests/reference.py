@@ -3,16 +3,16 @@ import math
 
 import torch
 
+from leaderboard import task_inputs as _ti  # the one fp8 recipe and the one attention reference
+
 QK, DV, HEADS = 576, 512, 16
 SM_SCALE = 1.0 / math.sqrt(QK)
 FP8_MAX = 448.0
 
 
-def quantize_fp8(kv_bf16):
-    """Per-tensor dynamic quantization, the task's recipe: scale = amax / 448."""
-    scale = kv_bf16.abs().amax().float() / FP8_MAX
-    fp8 = (kv_bf16.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    return fp8, scale.reshape(1).to(torch.float32)
+# The task's fp8 recipe (mlagen.quant.quantize_fp8, re-exported by task_inputs): scale = amax /
+# 448 in the input's dtype (bf16), returned as (1,) float32; fp8 shaped like the input.
+quantize_fp8 = _ti.quantize_fp8
 
 
 def make_inputs(kv_lens, seed, device="cuda", uniform_config=True):
@@ -29,32 +29,24 @@ def make_inputs(kv_lens, seed, device="cuda", uniform_config=True):
     qo_indptr = torch.arange(batch + 1, dtype=torch.int32, device=device)
     uniform = len(set(kv_lens)) == 1
     config = dict(batch_size=batch, num_heads=HEADS, num_kv_heads=1, qk_head_dim=QK, kv_lora_rank=512,
-                  qk_rope_head_dim=64, v_head_dim=DV, q_seq_len=1, sm_scale=SM_SCALE,
-                  kv_seq_len=kv_lens[0] if (uniform and uniform_config) else None)
+                  qk_rope_head_dim=64, v_head_dim=DV, q_seq_len=1, sm_scale=SM_SCALE)
+    if uniform and uniform_config:  # non-uniform lengths: no kv_seq_len (the binding takes 0 = per-sequence)
+        config["kv_seq_len"] = kv_lens[0]
     return dict(q=q, kv_bf16=kv, kv_fp8=fp8, kv_scale=scale, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
                 config=config, kv_lens=list(kv_lens))
 
 
 def attention(q, kv, kv_lens, dtype, sm_scale=SM_SCALE):
-    """softmax(q K^T * sm_scale) V per sequence in `dtype`; kv (total,1,576) any float dtype.
-    A zero-length sequence gives zeros (the kernels' convention)."""
-    batch = q.shape[0]
-    out = torch.zeros((batch, HEADS, DV), dtype=dtype, device=q.device)
-    qf = q.to(dtype)
-    kvf = kv.reshape(-1, QK).to(dtype)
-    if len(set(kv_lens)) == 1 and kv_lens[0] > 0:  # batched
-        L = kv_lens[0]
-        k = kvf.reshape(batch, L, QK)
-        s = torch.einsum("bhd,bld->bhl", qf, k) * sm_scale
-        return torch.einsum("bhl,bld->bhd", torch.softmax(s, dim=-1), k[..., :DV])
-    start = 0
-    for b, n in enumerate(kv_lens):
-        if n:
-            k = kvf[start:start + n]
-            p = torch.softmax((qf[b] @ k.T) * sm_scale, dim=-1)
-            out[b] = p @ k[:, :DV]
-        start += n
-    return out
+    """softmax(q K^T * sm_scale) V per sequence in `dtype`; q (B,16,576), kv (total,1,576) any
+    float dtype. A zero-length sequence gives zeros (the kernels' convention).
+    A wrapper of task_inputs.attention_reference (the one implementation)."""
+    lens = [int(n) for n in kv_lens]
+    kv_indptr = torch.zeros(len(lens) + 1, dtype=torch.int64)
+    kv_indptr[1:] = torch.tensor(lens, dtype=torch.int64).cumsum(0)
+    qo_indptr = torch.arange(len(lens) + 1, dtype=torch.int64)
+    kv2 = kv.reshape(-1, QK)
+    return _ti.attention_reference(q, lambda a, b: kv2[a:b], qo_indptr, kv_indptr, sm_scale, v_dim=DV,
+                                   dtype=dtype, empty=0.0)
 
 
 def dequant_fp8(fp8, scale):

@@ -165,7 +165,7 @@ def test_indptr_past_total_kv_is_flagged_by_the_generic_kernel(splits):
 
 @pytest.mark.parametrize("mutate,msg", [
     (lambda d: d.update(q=d["q"].float()), "q: dtype torch.float32: expected torch.bfloat16"),
-    (lambda d: d.update(q=d["q"].repeat(1, 2, 1)), "num_heads"),
+    (lambda d: d.update(q=d["q"].repeat(1, 2, 1)), "q: 32 heads: expected 16"),
     (lambda d: d.update(kv_fp8=d["kv_fp8"][:, :, :512]), "kv: shape"),
     (lambda d: d.update(kv_indptr=d["kv_indptr"].long()), "kv_indptr: torch.int64"),
     (lambda d: d.update(kv_scale=d["kv_scale"].double()), "kv_scale"),

@@ -210,8 +210,10 @@ def test_task_inputs_reexports_the_package_functions():
                  "make_kv_formats", "E2M1_VALUES", "MX_BLOCK", "FP8_DTYPE"):
         assert getattr(ti, name) is getattr(quant, name), name
     q, kv_data, *_ = ti.generate_input(2, 32, seed=5, device="cpu")
-    want = quant.make_kv_formats(kv_data["bf16"])
-    assert torch.equal(kv_data["mxfp4"][0], want["mxfp4"][0]) and torch.equal(kv_data["mxfp4"][1], want["mxfp4"][1])
+    want = quant.make_kv_formats(kv_data["bf16"], pad_scales=True)  # the task sends padded scales
+    d4, s4 = (t.view(torch.uint8) for t in kv_data["mxfp4"])  # float4_e2m1fn_x2 / float8_e8m0fnu as sent
+    assert torch.equal(d4, want["mxfp4"][0]) and torch.equal(s4, want["mxfp4"][1])
+    assert torch.equal(kv_data["fp8"][0].view(torch.uint8), want["fp8"][0].view(torch.uint8))
     assert torch.equal(kv_data["fp8"][1], want["fp8"][1])
 
 
@@ -241,4 +243,4 @@ def test_task_inputs_without_the_package_on_the_path():
             "try:\n    import mlagen\nexcept ImportError:\n    pass\nelse:\n    raise SystemExit('mlagen importable')\n"
             "print(ti.generate_input(1, 32, seed=1, device='cpu')[1]['mxfp4'][1].shape)\n")
     r = _python(code, [ROOT])
-    assert r.returncode == 0 and "torch.Size([32, 18])" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "torch.Size([256, 24])" in r.stdout, r.stdout + r.stderr  # 32 rows, padded

@@ -6,9 +6,9 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed: the task-input recipe needs it")
 
-from .task_inputs import (E2M1_VALUES, SM_SCALE, attention_reference, check_output, clone_data,  # noqa: E402
-                          dequantize_fp8, dequantize_mxfp4, generate_input, quantize_fp8, quantize_mxfp4,
-                          reference_a8w8)
+from .task_inputs import (E2M1_VALUES, ROW_REL_L2, SM_SCALE, attention_reference, check_output,  # noqa: E402
+                          clone_data, dequantize_fp8, dequantize_mxfp4, generate_input, quantize_fp8,
+                          quantize_mxfp4, reference_a8w8, row_rel_l2)
 
 # The block worked by hand in mlagen/quant.py's docstring (re-exported by task_inputs).
 HAND_X = [0, .4, .5, 1, 1.5, 2, 2.5, 3, 3.5, 4, 5, 6, 7, -7, -1, -.4] + [0] * 16
@@ -188,9 +188,98 @@ def test_check_output_task_rule():
     chk = check_output(data, bad)
     assert not chk.ok and chk.mismatch > 0.09 and chk.rel_l2 == float("inf")
     few = out.clone()
-    few.view(-1)[: few.numel() // 50] = 5.0  # 2% wrong: the task's check still passes
-    assert check_output(data, few).ok
+    few.view(-1)[: few.numel() // 50] = 5.0  # 2% wrong: the task's check still passes, the per-row bound not
+    res = check_output(data, few)
+    assert res.task_ok and not res.ok and res.max_row_rel_l2 > 1.0
+    assert check_output(data, few, row_bound=None).ok
     assert not check_output(data, out.float()).ok  # dtype
     assert not check_output(data, out[:1]).ok  # shape
     zero = check_output(data, torch.zeros_like(out))
-    assert zero.rel_l2 == 1.0  # (the task's check alone can pass zeros at long kv: see check_output)
+    assert zero.rel_l2 == 1.0 and zero.max_row_rel_l2 == 1.0 and not zero.ok
+    assert chk.as_dict().keys() >= {"ok", "task_ok", "mismatch", "rel_l2", "max_abs", "max_row_rel_l2", "message"}
+
+
+def test_attention_reference_dtype_and_empty_sequences():
+    g = torch.Generator().manual_seed(4)
+    qo, kvp = [0, 1, 2, 3], [0, 7, 7, 20]  # the middle sequence has no KV rows
+    q32 = torch.randn(3, 16, 576, generator=g)
+    k32 = torch.randn(20, 576, generator=g)
+    args = (q32, lambda a, b: k32[a:b], torch.tensor(qo), torch.tensor(kvp), SM_SCALE)
+    nan = attention_reference(*args)
+    assert nan.dtype == torch.float32 and torch.isnan(nan[1]).all() and torch.isfinite(nan[[0, 2]]).all()
+    zero = attention_reference(*args, dtype=torch.float64, empty=0.0)
+    assert zero.dtype == torch.float64 and (zero[1] == 0).all()
+    want = _naive(q32[[0, 2]], k32, [0, 1, 2], [0, 7, 20], SM_SCALE)  # the two non-empty sequences
+    assert torch.allclose(zero[[0, 2]], want, rtol=0, atol=1e-12)
+    assert torch.allclose(nan[[0, 2]].double(), want, atol=1e-5)
+
+
+def test_row_rel_l2_per_token_and_head():
+    ref = torch.ones(2, 3, 4)
+    out = ref.clone()
+    out[0, 1] = 2.0         # row (0, 1): ||1 1 1 1|| / ||1 1 1 1|| = 1
+    out[1, 2, 0] = 1.5      # row (1, 2): 0.5 / 2 = 0.25
+    out[1, 0, 3] = float("nan")
+    rows = row_rel_l2(out, ref)
+    assert rows.dtype == torch.float64 and tuple(rows.shape) == (2, 3)
+    assert rows.tolist() == [[0.0, 1.0, 0.0], [float("inf"), 0.0, 0.25]]
+
+
+# The leaderboard's eight shapes and the harness's benchmark seeds (tests/leaderboard/harness.py).
+LEADERBOARD = [(4, 1024, 4237), (4, 8192, 4251), (32, 1024, 5432), (32, 8192, 5415),
+               (64, 1024, 6432), (64, 8192, 6445), (256, 1024, 7801), (256, 8192, 7824)]
+
+
+@pytest.mark.parametrize("batch,kv_len,seed", LEADERBOARD, ids=[f"{b}x{l}" for b, l, _ in LEADERBOARD])
+def test_row_bound_rejects_what_the_task_check_passes(batch, kv_len, seed):
+    """At each leaderboard shape (CPU: the 256x8192 case is ~40 GFLOP and ~4 GB of inputs):
+    - a bf16-q / fp8-KV computation rounded to bf16 (what the kernels compute) passes both
+      checks: the per-row bound is not tighter than the kernels' arithmetic;
+    - an all-zero output fails (max row rel-L2 1.0); the task's check alone passes it at
+      kv_len 8192 (under 5% of the elements are outside allclose(.1, .1)): the known hole;
+    - one (token, head) row, and one head over all tokens, scaled by 1.25 fail the per-row
+      bound while the task's check and the whole-output rel-L2 (under the harness's
+      --max-rel-l2 0.1) would both pass them."""
+    data = generate_input(batch, kv_len, seed, device="cpu", mxfp4=False)
+    ref = reference_a8w8(data)
+    given = dict(reference=lambda _d: ref)
+    q, kv_data, qo, kvp, _ = data
+    kv8, ks = kv_data["fp8"]
+    kv8 = kv8.reshape(kv8.shape[0], -1)
+    good = attention_reference(q, lambda a, b: dequantize_fp8(kv8[a:b], ks), qo, kvp, SM_SCALE).to(torch.bfloat16)
+    del data[1]["fp8"], data[1]["bf16"], kv8
+    chk = check_output(data, good, **given)
+    assert chk.ok and chk.task_ok and chk.max_row_rel_l2 < ROW_REL_L2 / 1.5, chk.message
+
+    zero = check_output(data, torch.zeros_like(good), **given)
+    assert not zero.ok and zero.max_row_rel_l2 == 1.0 and "over the per-row bound" in zero.message
+    if kv_len == 8192:
+        assert zero.task_ok and zero.mismatch < 0.05, zero.message  # the hole the per-row bound closes
+    else:
+        assert not zero.task_ok and zero.mismatch > 0.05, zero.message  # (at 1024 the task's check sees it: ~9%)
+    alone = check_output(data, torch.zeros_like(good), row_bound=None, **given)
+    assert alone.ok == alone.task_ok == zero.task_ok and alone.row_bound == 0.0
+
+    t, h = batch // 2, 5
+    one_row = good.clone()
+    one_row[t, h] = (one_row[t, h].float() * 1.25).to(torch.bfloat16)
+    one_head = good.clone()
+    one_head[:, h] = (one_head[:, h].float() * 1.25).to(torch.bfloat16)
+    for bad in (one_row, one_head):
+        res = check_output(data, bad, **given)
+        assert res.task_ok and res.rel_l2 < 0.1, res.message  # the task's check and a whole-output gate pass it
+        assert not res.ok and res.max_row_rel_l2 > 0.2, res.message
+        assert f"token {t} head {h}" in res.message or bad is one_head
+
+
+def test_row_bound_matches_its_measurement():
+    """task_inputs.ROW_REL_L2 is tests/tolerances.py's number: >= 2x the worst measured for fp8
+    KV (every leaderboard shape, emulated and the kernels), and a head 25% off (0.25) fails it
+    with 2x to spare."""
+    from tests.tolerances import ROW_REL_L2 as TOL, ROW_REL_L2_MEASURED, ROW_REL_L2_VS_A8W8
+    assert ROW_REL_L2 == TOL == ROW_REL_L2_VS_A8W8["fp8e4m3fn"]
+    assert sorted(ROW_REL_L2_MEASURED) == sorted((b, l) for b, l, _ in LEADERBOARD)
+    fp8 = [v for m in ROW_REL_L2_MEASURED.values() for k, v in m.items() if "fp8kv" in k]
+    assert len(fp8) == 8 * 4 and ROW_REL_L2 >= 2 * max(fp8) * 0.99 and ROW_REL_L2 <= 0.25 / 2
+    bf16 = max(m["bf16kv_bf16q"] for m in ROW_REL_L2_MEASURED.values())
+    assert ROW_REL_L2_VS_A8W8["bf16"] >= 2 * bf16 and ROW_REL_L2_VS_A8W8["bf16"] < 0.25
