@@ -199,9 +199,9 @@ def _check_config(config: dict, q, qo_indptr) -> int:
     batch = config.get("batch_size", qo_indptr.numel() - 1)
     if not isinstance(batch, int) or batch < 1:
         raise MlagenError(1, f"config['batch_size']={batch!r}: expected a positive int")
-    kv_len = config.get("kv_seq_len", 0)
-    if not isinstance(kv_len, int) or kv_len < 0:
-        raise MlagenError(1, f"config['kv_seq_len']={kv_len!r}: expected an int >= 0")
+    kv_len = config.get("kv_seq_len")  # a uniform length, or None / 0: lengths differ (kv_indptr says)
+    if kv_len is not None and (not isinstance(kv_len, int) or kv_len < 0):
+        raise MlagenError(1, f"config['kv_seq_len']={kv_len!r}: expected an int >= 0 or None (lengths differ)")
     sm_scale = config.get("sm_scale", _QK ** -0.5)
     if not isinstance(sm_scale, (int, float)) or not 0 < sm_scale < float("inf"):
         raise MlagenError(1, f"config['sm_scale']={sm_scale!r}: expected a finite number > 0")
