@@ -54,15 +54,16 @@ def main():
     out = sub.custom_kernel(data)
     plan = next(iter(mlagen._plans.values()))
     L = mlagen._lib.lib()
-    pp = ctypes.byref(plan.problem)
+    target = mlagen._launch.handle(0)  # the bundle's launch target (the default handle)
+    pp = plan.bind(target)[0]          # the plan's problem with its scratch for that target
     q, (kv, scale), qo, kvi = inp["q"], inp["kv_data"]["fp8"], inp["qo_indptr"], inp["kv_indptr"]
-    get_stream = torch._C._cuda_getCurrentRawStream
     shape, bf16 = plan.out_shape, torch.bfloat16
 
     def direct():
         o = torch.empty(shape, dtype=bf16, device=dev)
-        L.mlagen_decode_ptrs(pp, q.data_ptr(), None, kv.data_ptr(), scale.data_ptr(), qo.data_ptr(), kvi.data_ptr(),
-                             o.data_ptr(), get_stream(0))
+        st = L.mlagen_decode_ptrs(pp, q.data_ptr(), None, kv.data_ptr(), scale.data_ptr(), qo.data_ptr(),
+                                  kvi.data_ptr(), o.data_ptr(), target)
+        assert st == 0, L.mlagen_last_error()
         return o
 
     def entry():

@@ -273,7 +273,14 @@ mlagen_status mlagen_decode(const mlagen_problem* p, mlagen_kernel_info* ran, vo
   int caller = -1;
   if (p->device >= 0) {  // launch on the pointers' device, then give the caller's back
     hipError_t de = hipGetDevice(&caller);
-    if (de == hipSuccess && caller != p->device) de = hipSetDevice(p->device);
+    if (de == hipSuccess && caller != p->device) {
+      int count = 0;  // (setting a device that does not exist can succeed and fail the launch after it)
+      de = hipGetDeviceCount(&count);
+      if (de == hipSuccess && p->device >= count)
+        return fail(MLAGEN_ERR_DEVICE, "device=%d: cannot make it current: this process sees %d device(s)", p->device,
+                    count);
+      if (de == hipSuccess) de = hipSetDevice(p->device);
+    }
     if (de != hipSuccess) return fail(MLAGEN_ERR_DEVICE, "device=%d: cannot make it current: %s", p->device, hipGetErrorString(de));
     if (caller == p->device) caller = -1;
   }

@@ -182,6 +182,7 @@ hipError_t hipPeekAtLastError(void);
 const char* hipGetErrorString(hipError_t);
 hipError_t hipGetDevice(int*);
 hipError_t hipSetDevice(int);
+hipError_t hipGetDeviceCount(int*);
 hipError_t hipDeviceGetAttribute(int*, hipDeviceAttribute_t, int);
 hipError_t hipFuncSetAttribute(const void*, hipFuncAttribute, int);
 // the triple-chevron launch needs these two declared (clang lowers <<<>>> onto them)

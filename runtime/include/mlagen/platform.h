@@ -26,6 +26,7 @@
   #define hipFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
   #define hipGetDevice cudaGetDevice
   #define hipSetDevice cudaSetDevice
+  #define hipGetDeviceCount cudaGetDeviceCount
   #define hipDeviceGetAttribute cudaDeviceGetAttribute
   #define hipDeviceAttributeMultiprocessorCount cudaDevAttrMultiProcessorCount
   #define hipDeviceAttributeComputeCapabilityMajor cudaDevAttrComputeCapabilityMajor

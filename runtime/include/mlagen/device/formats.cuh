@@ -283,20 +283,15 @@ MLAGEN_DEVICE float4 load_q4(const Params& p, const QQuant& qq, int64_t q_row, i
 
 // ---- a bf16 q as f16 ------------------------------------------------------------------------
 // The f16 matrix paths (the NVIDIA mma.sync fp8 kernel, the AMD fp8 MFMA kernel) take a bf16 q
-// as f16, which holds |x| <= 65504 where bf16 holds 3.4e38. So the q of a block is scaled by
-// 2^-k, k the least that brings its largest |q| under 2^15, and S by 2^k: exact (a power of two
-// only moves exponents), and k = 0 (bit-identical) for every q an f16 holds. Every thread of
-// the block calls it (a barrier); `scratch` (kWarps floats of shared memory) must not be
-// written again before the caller's next barrier. An fp8 q (|q8| <= 448 in units of its scale)
-// needs none.
+// as f16, which holds |x| <= 65504 where bf16 holds 3.4e38. So a warp's slice of q (its dims,
+// all heads) is scaled by 2^-k, k the least that brings its largest |q| under 2^15, and the
+// warp's partial S by 2^k before the warps' partials are summed: exact (a power of two only
+// moves exponents), no barrier, and k = 0 (bit-identical, the rescale skipped by a
+// warp-uniform branch) for every q an f16 holds. Every lane of the warp calls it with the
+// largest |q| it holds. An fp8 q (|q8| <= 448 in units of its scale) needs none.
 MLAGEN_DEVICE float absmax4(float4 v) { return fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))); }
-template <int kWarps>
-MLAGEN_DEVICE int f16_q_shift(float amax, float* scratch) {
+MLAGEN_DEVICE int f16_q_shift(float amax) {
   for (int o = MLAGEN_WARP_SIZE / 2; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor(amax, o));
-  if (threadIdx.x % MLAGEN_WARP_SIZE == 0) scratch[threadIdx.x / MLAGEN_WARP_SIZE] = amax;
-  __syncthreads();
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) amax = fmaxf(amax, scratch[w]);
   const int e = static_cast<int>((__float_as_uint(amax) >> 23) & 0xffu) - 127;  // Inf: 128
   return e >= 15 ? e - 14 : 0;
 }

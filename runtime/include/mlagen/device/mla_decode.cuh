@@ -179,17 +179,17 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
     for (int r = 0; r < 2; ++r)
       q_raw[c][r] = load_q4_raw<T::kQ>(p, seq.q_row, g + 8 * r, (warp * T::kQkChunksPerWarp + c) * 16 + 4 * t);
   const QQuant qq = q_setup<T::kQ>(p, q_given);
-  int q_shift = 0;  // a bf16 q beyond f16's range: f16_q_shift (red is free until the loop's first barrier)
+  int q_shift = 0;  // a bf16 q beyond f16's range: f16_q_shift (this warp's slice)
   if constexpr (T::kQ == QFormat::kBf16) {
     float a = 0.f;
 #pragma unroll
     for (int c = 0; c < T::kQkChunksPerWarp; ++c)
 #pragma unroll
       for (int r = 0; r < 2; ++r) a = fmaxf(a, absmax4(q4_from_raw<T::kQ>(qq, q_raw[c][r])));
-    q_shift = f16_q_shift<T::kThreads / W>(a, reinterpret_cast<float*>(red));
+    q_shift = f16_q_shift(a);
   }
-  const float q_mul = pow2i(-q_shift);
-  const float s_scale = kv_scale * qq.scale * pow2i(q_shift) * kKDecodeScale * p.sm_scale * kLog2e;  // log2 domain
+  const float q_mul = pow2i(-q_shift), s_unshift = pow2i(q_shift);
+  const float s_scale = kv_scale * qq.scale * kKDecodeScale * p.sm_scale * kLog2e;  // log2 domain
   // Q as f16 A fragments for this warp's 144 dims. The k order inside each 16-dim chunk
   // is permuted to match how K arrives (4 consecutive fp8 per lane, see below):
   // logical k 2t,2t+1 <- dims 4t,4t+1 and logical k 2t+8,2t+9 <- dims 4t+2,4t+3.
@@ -229,6 +229,10 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
       }
     }
 
+    if (q_shift) {  // warp-uniform, rare: this warp's q was scaled by 2^-q_shift
+#pragma unroll
+      for (int j = 0; j < NT; ++j) s[j][0] *= s_unshift, s[j][1] *= s_unshift, s[j][2] *= s_unshift, s[j][3] *= s_unshift;
+    }
     float alpha[2];
     softmax_tile<T>(s, red, warp, lane, tok_end - (tok_begin + it * BN), s_scale, m, l, alpha);
 #pragma unroll

@@ -160,15 +160,15 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
   const uint8_t* kv = p.kv + seq.kv_begin * p.kv_stride_bytes;
   const float kv_scale = kv_scale_of(p);
   const QQuant qq = q_setup<T::kQ>(p, q_given);
-  int q_shift = 0;  // a bf16 q beyond f16's range: f16_q_shift (red is free until the loop's first barrier)
+  int q_shift = 0;  // a bf16 q beyond f16's range: f16_q_shift (this wave's slice)
   if constexpr (T::kQ == QFormat::kBf16) {
     float a = 0.f;
 #pragma unroll
     for (int c = 0; c < QC; ++c) a = fmaxf(a, absmax4(load_q4<T::kQ>(p, qq, seq.q_row, i, (wave * QC + c) * 16 + 4 * j)));
-    q_shift = f16_q_shift<T::kWarps>(a, reinterpret_cast<float*>(red));
+    q_shift = f16_q_shift(a);
   }
-  const float q_mul = pow2i(-q_shift);
-  const float s_scale = kv_scale * qq.scale * pow2i(q_shift) * kKDecodeScale * p.sm_scale * kLog2e;  // log2 domain
+  const float q_mul = pow2i(-q_shift), s_unshift = pow2i(q_shift);
+  const float s_scale = kv_scale * qq.scale * kKDecodeScale * p.sm_scale * kLog2e;  // log2 domain
   const float o_scale = kv_scale * kVDecodeScale;
 
   // Q^T as the B operand of S^T = K Q^T: lane (i, j) holds head i, dims 4j..4j+3 of each
@@ -233,6 +233,10 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
       if constexpr (QC % 2) mfma_k16(s[mt], fp8x4_to_f16x4(lds32(krow + 16 * (QC - 1))), qf[QC - 1]);
     }
 
+    if (q_shift) {  // wave-uniform, rare: this wave's q was scaled by 2^-q_shift
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) s[mt] *= s_unshift;
+    }
     // ---- sum the 4 waves' partials, online softmax over tokens for head i ------------------
     softmax_tile<T>(s, red, wave, lane, tok_end - (tok_begin + it * BN), s_scale, m, l, o);
 
