@@ -107,6 +107,11 @@ def test_cached_path_validates_like_a_first_call():
     with pytest.raises(mlagen.MlagenError, match="out"):
         mlagen.decode(q, kv_data, qo, kvp, config, out=torch.empty(4, 16, 512, dtype=torch.bfloat16))  # host memory
     assert torch.equal(mlagen.decode(q, kv_data, qo, kvp, config), good)  # and the good call still works
+    import numpy as np
+    same = dict(config, batch_size=np.int64(4), kv_seq_len=np.int32(512), sm_scale=np.float32(config["sm_scale"]))
+    assert torch.allclose(mlagen.decode(q, kv_data, qo, kvp, same).float(), good.float(), atol=1e-2)  # numpy scalars
+    with pytest.raises(mlagen.MlagenError, match="sm_scale"):
+        mlagen.decode(q, kv_data, qo, kvp, dict(config, sm_scale="x"))
 
 
 @pytest.mark.parametrize("shape", [(4, 1024), (32, 8192)])

@@ -13,6 +13,7 @@ which synchronizes.
 from __future__ import annotations
 
 import ctypes
+import operator
 
 from . import _launch, _lib
 from ._lib import (DTYPE, KernelInfo, MlagenError, Problem, fingerprint, kernels, lib,  # noqa: F401
@@ -188,6 +189,14 @@ def _check_q(q, q_dtype: str, q_scale):
         raise MlagenError(1, "q_scale: expected one float32 on q's device (fp8 q: dequant = q * q_scale)")
 
 
+def _as_int(v):
+    """An integer config value (int, numpy / torch integer scalars), else None."""
+    try:
+        return operator.index(v)
+    except TypeError:
+        return None
+
+
 def _check_config(config: dict, q, qo_indptr) -> int:
     """The config's fields against what the kernels implement; returns batch_size."""
     if not isinstance(config, dict):
@@ -196,15 +205,18 @@ def _check_config(config: dict, q, qo_indptr) -> int:
         if field in config and config[field] != want:
             raise MlagenError(1, f"config['{field}']={config[field]!r}: expected {want} (the only value the "
                                  f"kernels implement)")
-    batch = config.get("batch_size", qo_indptr.numel() - 1)
-    if not isinstance(batch, int) or batch < 1:
-        raise MlagenError(1, f"config['batch_size']={batch!r}: expected a positive int")
+    batch = _as_int(config.get("batch_size", qo_indptr.numel() - 1))
+    if batch is None or batch < 1:
+        raise MlagenError(1, f"config['batch_size']={config.get('batch_size')!r}: expected a positive int")
     kv_len = config.get("kv_seq_len")  # a uniform length, or None / 0: lengths differ (kv_indptr says)
-    if kv_len is not None and (not isinstance(kv_len, int) or kv_len < 0):
+    if kv_len is not None and (_as_int(kv_len) is None or _as_int(kv_len) < 0):
         raise MlagenError(1, f"config['kv_seq_len']={kv_len!r}: expected an int >= 0 or None (lengths differ)")
-    sm_scale = config.get("sm_scale", _QK ** -0.5)
-    if not isinstance(sm_scale, (int, float)) or not 0 < sm_scale < float("inf"):
-        raise MlagenError(1, f"config['sm_scale']={sm_scale!r}: expected a finite number > 0")
+    try:
+        sm_scale = float(config.get("sm_scale", _QK ** -0.5))
+    except (TypeError, ValueError):
+        sm_scale = float("nan")
+    if not 0 < sm_scale < float("inf"):
+        raise MlagenError(1, f"config['sm_scale']={config.get('sm_scale')!r}: expected a finite number > 0")
     if q.shape[1] != _HEADS:
         raise MlagenError(1, f"q: {q.shape[1]} heads: expected {_HEADS}")
     return batch
@@ -247,7 +259,7 @@ def prepare(q, kv, kv_scale, qo_indptr, kv_indptr, config: dict, *, kv_format: s
     if qo_indptr.numel() != batch + 1 or kv_indptr.numel() != batch + 1:
         raise MlagenError(1, f"qo_indptr/kv_indptr: {qo_indptr.numel()}/{kv_indptr.numel()} elements: "
                              f"expected batch_size+1 = {batch + 1}")
-    kv_len = int(config.get("kv_seq_len") or 0)
+    kv_len = _as_int(config.get("kv_seq_len") or 0)
     if kv_len and kv_rows != batch * kv_len:
         kv_len = 0  # lengths are not uniform: the generic kernel reads them from kv_indptr
     p = Problem(abi_version=_lib.ABI_VERSION, batch=batch, num_heads=_HEADS, num_kv_heads=1, q_len=1,
@@ -310,14 +322,8 @@ def _decode_cached(q, kv_data, qo_indptr, kv_indptr, config, kv_format, q_dtype=
     plan = _fast_plans.get(key)
     if plan is None:
         return None
-    where = _launch.handle(plan.device_index)
-    pp = (plan.bound.get(where) or plan.bind(where))[0]
     out = _torch_mod.empty(plan.out_shape, dtype=plan.out_dtype, device=plan.device)
-    status = plan._run(pp, q.data_ptr(), q_scale.data_ptr() if q_scale is not None else None, kv.data_ptr(),
-                       kv_scale.data_ptr() if kv_scale is not None else None, qo_indptr.data_ptr(),
-                       kv_indptr.data_ptr(), out.data_ptr(), where)
-    if status:
-        raise_for(status)
+    plan.run(q, q_scale, kv, kv_scale, qo_indptr, kv_indptr, out, _launch.handle(plan.device_index))
     _last_plan = plan
     return out
 
