@@ -107,6 +107,11 @@ def test_cached_path_validates_like_a_first_call():
     with pytest.raises(mlagen.MlagenError, match="out"):
         mlagen.decode(q, kv_data, qo, kvp, config, out=torch.empty(4, 16, 512, dtype=torch.bfloat16))  # host memory
     assert torch.equal(mlagen.decode(q, kv_data, qo, kvp, config), good)  # and the good call still works
+    mutated = dict(config)
+    assert torch.equal(entry((q, kv_data, qo, kvp, mutated)), good)
+    mutated["q_seq_len"] = 2  # the same dict object, changed in place after a cached call
+    with pytest.raises(mlagen.MlagenError, match="q_seq_len"):
+        entry((q, kv_data, qo, kvp, mutated))
     import numpy as np
     same = dict(config, batch_size=np.int64(4), kv_seq_len=np.int32(512), sm_scale=np.float32(config["sm_scale"]))
     assert torch.allclose(mlagen.decode(q, kv_data, qo, kvp, same).float(), good.float(), atol=1e-2)  # numpy scalars

@@ -104,6 +104,7 @@ class Plan:
         self.out_shape = (problem.total_q, _HEADS, _DV)
         self.out_dtype = _torch().bfloat16
         self.bound: dict = {}  # launch handle -> (ctypes pointer to the problem copy, its workspace)
+        self.config = None  # the config it validated (a copy; decode sets it)
         self._run = lib().mlagen_decode_ptrs
 
     def bind(self, where):
@@ -126,8 +127,9 @@ class Plan:
             raise_for(status)
 
 
-_plans: dict = {}       # (tensor metadata, overrides) -> Plan
-_fast_plans: dict = {}  # tensor metadata -> Plan, for calls without overrides
+_plans: dict = {}       # (tensor metadata, config items, overrides) -> Plan
+_fast_plans: dict = {}  # tensor metadata -> the last Plan made or used for it without overrides
+                        # (the cached path then compares the config with the plan's copy)
 _last_plan = None
 
 
@@ -297,13 +299,14 @@ def _tensor_meta(t):
     return None if t is None else (t.size(), t.stride(), t.dtype, t.get_device())
 
 
-def _meta(q, kv, kv_scale, qo_indptr, kv_indptr, config):
-    """Everything a plan validated about its inputs: every tensor's shape, strides, dtype and
-    device, and every config field (the plan-cache key). Pointer alignment is checked by the
-    library on every call."""
+def _meta(q, kv, kv_scale, qo_indptr, kv_indptr, q_dtype, q_scale):
+    """Everything a plan validated about its tensors: every one's shape, strides, dtype and
+    device (with the config, which the callers compare or add: the plan-cache key). Pointer
+    alignment is checked by the library on every call."""
     return (q.size(), q.stride(), q.dtype, q.get_device(), kv.size(), kv.stride(), kv.dtype, kv.get_device(),
             _tensor_meta(kv_scale), qo_indptr.size(), qo_indptr.stride(), qo_indptr.dtype, qo_indptr.get_device(),
-            kv_indptr.size(), kv_indptr.stride(), kv_indptr.dtype, kv_indptr.get_device(), *config.items())
+            kv_indptr.size(), kv_indptr.stride(), kv_indptr.dtype, kv_indptr.get_device(), q_dtype,
+            _tensor_meta(q_scale))
 
 
 def _decode_cached(q, kv_data, qo_indptr, kv_indptr, config, kv_format, q_dtype="bf16", q_scale=None):
@@ -316,11 +319,10 @@ def _decode_cached(q, kv_data, qo_indptr, kv_indptr, config, kv_format, q_dtype=
     try:
         entry = kv_data[kv_format]
         kv, kv_scale = (entry, None) if kv_format == "bf16" and entry.__class__ is not tuple else entry
-        key = _meta(q, kv, kv_scale, qo_indptr, kv_indptr, config) + (q_dtype, _tensor_meta(q_scale))
+        plan = _fast_plans.get(_meta(q, kv, kv_scale, qo_indptr, kv_indptr, q_dtype, q_scale))
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
-    plan = _fast_plans.get(key)
-    if plan is None:
+    if plan is None or config != plan.config:  # every field, as validated (a dict mutated in place too)
         return None
     out = _torch_mod.empty(plan.out_shape, dtype=plan.out_dtype, device=plan.device)
     plan.run(q, q_scale, kv, kv_scale, qo_indptr, kv_indptr, out, _launch.handle(plan.device_index))
@@ -384,15 +386,16 @@ def decode(q, kv_data, qo_indptr, kv_indptr, config: dict, *, kv_format: str = "
                     ("kv_indptr", kv_indptr)):
         if t is not None and not hasattr(t, "data_ptr"):
             raise MlagenError(1, f"{name}: {type(t).__name__}: expected a torch tensor")
-    meta = _meta(q, kv, kv_scale, qo_indptr, kv_indptr, config) + (q_dtype, _tensor_meta(q_scale), kv_format)
-    key = meta + (force_generic, splits, kernel)
+    meta = _meta(q, kv, kv_scale, qo_indptr, kv_indptr, q_dtype, q_scale)
+    key = meta + (kv_format, force_generic, splits, kernel, *config.items())
     plan = _plans.get(key)
     if plan is None:
         plan = prepare(q, kv, kv_scale, qo_indptr, kv_indptr, config, kv_format=kv_format, q_dtype=q_dtype,
                        q_scale=q_scale, force_generic=force_generic, splits=splits, kernel=kernel)
+        plan.config = dict(config)  # what it validated (a copy: the caller's dict may change)
         _plans[key] = plan
-        if not (force_generic or splits or kernel):
-            _fast_plans[meta[:-1]] = plan
+    if not (force_generic or splits or kernel):
+        _fast_plans[meta] = plan
     torch = _torch_mod
     if out is None:
         out = torch.empty(plan.out_shape, dtype=torch.bfloat16, device=plan.device)
