@@ -11,7 +11,9 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for p in (os.path.join(ROOT, "runtime", "python"), ROOT):
+# MLAGEN_TEST_INSTALLED=1: test the installed package (pip install .), not runtime/python
+INSTALLED = os.environ.get("MLAGEN_TEST_INSTALLED") == "1"
+for p in ((ROOT,) if INSTALLED else (os.path.join(ROOT, "runtime", "python"), ROOT)):
     if p not in sys.path:
         sys.path.insert(0, p)
 
@@ -73,6 +75,12 @@ def _require_gpu_failure() -> str | None:
 def pytest_sessionfinish(session, exitstatus):
     if _require_gpu_failure() and session.exitstatus == 0:
         session.exitstatus = 1
+
+
+def pytest_report_header(config):
+    import importlib.util
+    spec = importlib.util.find_spec("mlagen")
+    return f"mlagen under test: {spec.origin if spec else 'not importable'}" + (" (installed)" if INSTALLED else "")
 
 
 def pytest_terminal_summary(terminalreporter):

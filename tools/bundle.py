@@ -71,6 +71,8 @@ LAUNCH_SOURCE = (
     "\n\n"
     "def handle(device_index):\n"
     "    return None\n")
+# Binding modules custom_kernel never reaches: the torch operator and `python -m mlagen`.
+NOT_BUNDLED = ("ops.py", "__main__.py")
 # (compression, base64 line width) in the order tried when the payload spells the forbidden word
 ENCODINGS = (("lzma", 100), ("lzma", 76), ("lzma", 64), ("zlib", 100), ("zlib", 76))
 
@@ -280,7 +282,7 @@ def read_binding(binding_dir: str = BINDING_DIR, package: str = PACKAGE) -> dict
     for root, dirs, files in os.walk(binding_dir):
         dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not d.startswith("."))
         for fn in sorted(files):
-            if not fn.endswith(".py"):
+            if not fn.endswith(".py") or (root == binding_dir and fn in NOT_BUNDLED):
                 continue
             rel = os.path.relpath(os.path.join(root, fn), binding_dir)[:-3].split(os.sep)
             is_package = rel[-1] == "__init__"

@@ -74,8 +74,16 @@ class MlagenError(RuntimeError):
 _lib = None
 
 
+PACKAGED_LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "libmlagen.so")  # pip install .
+
+
 def library_path() -> str:
-    return os.environ.get("MLAGEN_LIBRARY") or DEFAULT_LIBRARY
+    """MLAGEN_LIBRARY, else the library installed inside the package (pip install .), else the
+    checkout's build/sm90a/libmlagen.so."""
+    env = os.environ.get("MLAGEN_LIBRARY")
+    if env:
+        return env
+    return PACKAGED_LIBRARY if os.path.exists(PACKAGED_LIBRARY) else DEFAULT_LIBRARY
 
 
 def lib(path: str | None = None):
