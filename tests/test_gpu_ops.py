@@ -15,6 +15,11 @@ from reference import make_inputs  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 SM = 576 ** -0.5
+# opcheck's test_schema compares every input before and after the call with torch.allclose,
+# which torch does not implement for float8 tensors ("mul_cuda" not implemented for
+# 'Float8_e4m3fn'); with an fp8 input it runs the other three checks (the schema check runs on
+# the bf16 and mxfp4 cases, same op and schema).
+ALL_CHECKS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
 
 
 def fresh_seed():
@@ -57,7 +62,9 @@ def test_op_matches_decode_and_passes_opcheck(fmt, q_dtype, uniform):
     assert out.shape == (4, 16, 512) and out.dtype == torch.bfloat16
     assert torch.equal(out, want), f"seed {seed}: the op differs from mlagen.decode"
     assert torch.isfinite(out.float()).all()
-    torch.library.opcheck(torch.ops.mlagen.decode.default, args)
+    fp8_input = any(isinstance(a, torch.Tensor) and a.dtype == torch.float8_e4m3fn for a in args)
+    checks = tuple(c for c in ALL_CHECKS if not (fp8_input and c == "test_schema"))
+    torch.library.opcheck(torch.ops.mlagen.decode.default, args, test_utils=checks)
 
 
 def test_op_under_torch_compile_fullgraph():
@@ -65,16 +72,18 @@ def test_op_under_torch_compile_fullgraph():
 
     def model(q, kv, scale, qo, kvp):
         o = torch.ops.mlagen.decode(q, kv, scale, qo, kvp, "fp8", "bf16", 2048, SM)
-        return o.float().sum(-1) * 2.0
+        return o, o.float().sum(-1) * 2.0
 
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True)
-    got = compiled(*args[:5])
-    want = model(*args[:5])
+    got_o, got_s = compiled(*args[:5])
+    want_o, want_s = model(*args[:5])
     torch.cuda.synchronize()
-    assert torch.equal(got, want), f"seed {seed}: compiled differs from eager"
-    again = compiled(*_args("fp8", batch=8, kv_len=2048)[1][:5])  # fresh inputs, same graph
-    assert again.shape == (8, 16) and torch.isfinite(again).all()
+    assert torch.equal(got_o, want_o), f"seed {seed}: the op's output under compile differs from eager"
+    # the reduction around it is inductor's (its order may differ from eager's in the last bits)
+    assert torch.allclose(got_s, want_s, rtol=1e-5, atol=1e-3), f"seed {seed}: (max diff {(got_s - want_s).abs().max()})"
+    again_o, _ = compiled(*_args("fp8", batch=8, kv_len=2048)[1][:5])  # fresh inputs, same graph
+    assert again_o.shape == (8, 16, 512) and torch.isfinite(again_o.float()).all()
 
 
 def test_op_in_a_cuda_graph():
