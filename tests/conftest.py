@@ -26,6 +26,16 @@ def _is_gpu_module(path) -> bool:
     return os.path.basename(str(path)).startswith("test_gpu")
 
 
+@pytest.fixture(scope="module")
+def L():
+    """The built library through the binding's loader (CPU tests of the C ABI: no GPU touched)."""
+    from mlagen import _lib
+    path = _lib.library_path()
+    if not os.path.exists(path):
+        pytest.fail(f"library not built at {path}: run `make` first")
+    return _lib.lib()
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped with the reason elsewhere)")
 

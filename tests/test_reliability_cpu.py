@@ -15,14 +15,6 @@ from codegen import catalog  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.fixture(scope="module")
-def L():
-    path = _lib.library_path()
-    if not os.path.exists(path):
-        pytest.fail(f"library not built at {path}: run `make` first")
-    return _lib.lib()
-
-
 def _refused(p, match):
     with pytest.raises(_lib.MlagenError, match=match) as e:
         _lib.select(p)

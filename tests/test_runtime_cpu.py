@@ -24,14 +24,6 @@ def _unbuilt_shape():
 UNBUILT = _unbuilt_shape()
 
 
-@pytest.fixture(scope="module")
-def L():
-    path = _lib.library_path()
-    if not os.path.exists(path):
-        pytest.fail(f"library not built at {path}: run `make` first")
-    return _lib.lib()
-
-
 def manifest():
     with open(os.path.join(ROOT, "generated", "manifest.json")) as f:
         return json.load(f)
