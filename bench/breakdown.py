@@ -113,20 +113,19 @@ def main(argv=None) -> int:
     if "scaling" in parts:
         res["scaling"] = [measure(256, l, kernel=generic, splits=1) for l in (512, 1024, 2048, 4096, 8192)]
     if "trace" in parts:
-        from mlagen import _Workspace
         offset, points = 32 << 20, 8
-        # the plans key the shared workspace by q.device (cuda:0): grow that one before any
-        # traced call writes 32 MiB into it
-        q_dev = torch.empty(1, device=dev).device
-        _Workspace.get(q_dev, offset + (8 << 20))
         res["library"] = mlagen._lib.library_path()
         res["trace"] = []
         for b, l, s in ((4, 1024, 16), (4, 8192, 16), (32, 1024, 4), (256, 512, 1), (256, 1024, 1), (32, 8192, 8)):
             x = C.make_inputs(b, l, 5, dev, keep_bf16=False)
             fn = call(x, kernel=generic, splits=s)
-            fn()
-            ws = mlagen._last_plan.workspace
-            assert ws.numel() >= offset + (8 << 20), "the plan's workspace is not the grown one"
+            fn()  # makes the plan; then its scratch on this launch target grows to hold the trace
+            plan = mlagen._last_plan
+            where = mlagen._launch.handle(plan.device_index)
+            pp, _, prob = plan.bind(where)
+            ws = torch.zeros(offset + (8 << 20), dtype=torch.uint8, device=dev)
+            prob.workspace, prob.workspace_bytes = ws.data_ptr(), ws.numel()
+            plan.bound[where] = (pp, ws, prob)
             nblk = b * s
             region = ws[offset: offset + nblk * points * 8]
             runs = []
