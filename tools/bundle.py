@@ -47,6 +47,7 @@ REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 GENERATED = os.path.join(REPO, "generated")
 if REPO not in sys.path:
     sys.path.insert(0, REPO)  # codegen (the kv format names)
+from codegen.catalog import kv_dtype_of  # noqa: E402
 BINDING_DIR = os.path.join(REPO, "runtime", "python", "mlagen")
 PACKAGE = "mlagen"
 B64_LINE = 100
@@ -327,7 +328,7 @@ def inspect_library_static(path: str, arch: str, manifest: dict) -> dict:
     if missing:
         raise SystemExit(f"bundle: {path} lacks kernels of its manifest: {', '.join(missing)}")
     return {"arch": arch, "fingerprint": fp, "num_kernels": len(manifest["kernels"]),
-            "kernels": [k["name"] for k in manifest["kernels"]], "inspected": "static (not loadable here)"}
+            "inspected": "static (not loadable here)"}
 
 
 def inspect_library(path: str, arch: str, manifest: dict) -> dict:
@@ -346,7 +347,7 @@ def inspect_library(path: str, arch: str, manifest: dict) -> dict:
     for name in ("mlagen_check_device", "mlagen_decode_ptrs", "mlagen_select"):
         getattr(L, name)  # AttributeError if the ABI the binding needs is missing
     meta = {"arch": L.mlagen_build_archs().decode(), "fingerprint": L.mlagen_fingerprint().decode(),
-            "num_kernels": int(L.mlagen_num_kernels()), "kernels": [k["name"] for k in manifest["kernels"]]}
+            "num_kernels": int(L.mlagen_num_kernels())}
     if meta["arch"] == arch and meta["fingerprint"] != manifest["fingerprint"]:
         raise SystemExit(f"bundle: {path} has fingerprint {meta['fingerprint']}, its --gen-dir manifest "
                          f"{manifest['fingerprint']}: not built from that kernel set")
@@ -395,10 +396,8 @@ def build(lib_path: str, arch: str, kv_format: str = "fp8", compression: str | N
     if meta["arch"] != arch:
         raise SystemExit(f"bundle: {lib_path} was built for {meta['arch']}, not --arch {arch}")
     formats = {k["kv_dtype"] for k in manifest["kernels"]}
-    if kv_format != "fastest":
-        from codegen.catalog import kv_dtype_of  # noqa: PLC0415 - the repo's generator
-        if kv_dtype_of(arch, kv_format) not in formats:
-            raise SystemExit(f"bundle: --kv-format {kv_format}: the library's kernels are for kv {sorted(formats)}")
+    if kv_dtype_of(arch, kv_format) not in formats:
+        raise SystemExit(f"bundle: --kv-format {kv_format}: the library's kernels are for kv {sorted(formats)}")
     sources = read_binding(binding_dir)
     sha = hashlib.sha256(raw).hexdigest()
     fields = {

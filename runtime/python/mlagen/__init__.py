@@ -416,7 +416,7 @@ def check_device_errors(device=None) -> None:
     device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
     index = device.index if device.index is not None else torch.cuda.current_device()
     first = None
-    for plan in {id(p): p for p in _plans.values()}.values():
+    for plan in _plans.values():  # each plan is cached under one key
         if plan.device_index != index:
             continue
         for where, (_, ws, _) in list(plan.bound.items()):
