@@ -10,7 +10,7 @@ import os
 import re
 from typing import Iterable
 
-from .spec import ANY, ARCHS, IMPLEMENTED, KernelSpec, SpecError, default_tiles
+from .spec import ANY, ARCHS, IMPLEMENTED, NATIVE_FP8_TARGET_BLOCKS, KernelSpec, SpecError, default_tiles
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TUNING_FILE = os.path.join(HERE, "tuning.json")
@@ -60,10 +60,22 @@ def generic_spec(arch: str, q_dtype: str, kv_dtype: str) -> KernelSpec:
     return KernelSpec(arch, ANY, ANY, ANY, q_dtype, kv_dtype, **default_tiles(arch, kv_dtype))
 
 
+def native_fp8_splits(batch: int, kv_len: int) -> int:
+    """Splits of the gfx950 native fp8 kernel: just enough blocks for one on each of the 256
+    CUs, never a wave without a tile (a split of 4 waves x 32 tokens at least), at most 64.
+    Splitting further would cut each wave's serial walk but add partial-output traffic
+    (32 KB a split, about 56 tokens of KV) where the KV stream already fills the GPU:
+    tools/amd/check_amd.py models both (docs/perf.md, AMD)."""
+    tiles = -(-kv_len // 32)
+    return max(1, min(-(-NATIVE_FP8_TARGET_BLOCKS // batch), -(-tiles // 4), 64))
+
+
 def heuristic_params(arch: str, batch: int, kv_len: int, kv_dtype: str = "fp8e4m3fn") -> dict:
     """Splits that fill the GPU without letting the partial outputs (32 KB a split, about
     56 tokens of fp8 KV) rival the KV bytes: at least 256 tokens a split."""
     generic = generic_spec(arch, "bf16", kv_dtype)  # the q format changes no tiling
+    if generic.native_fp8:
+        return dict(splits=native_fp8_splits(batch, kv_len), block_n=generic.block_n, stages=generic.stages)
     return dict(splits=heuristic_splits(generic.target_blocks, batch, kv_len),
                 block_n=generic.block_n, stages=generic.stages)
 

@@ -58,6 +58,14 @@ def fingerprint(specs: list[KernelSpec]) -> str:
     return h.hexdigest()[:16]
 
 
+def tiling_expr(s: KernelSpec) -> str:
+    """The device-code tiling type a spec instantiates (its body: KernelSpec.body)."""
+    kv, q = KV_FORMAT[s.kv_dtype], Q_FORMAT[s.q_dtype]
+    if s.native_fp8:
+        return f"mlagen::device::NativeFp8Tiling<{kv}, {q}>"
+    return f"mlagen::device::Tiling</*block_n=*/{s.block_n}, /*stages=*/{s.stages}, {kv}, {q}>"
+
+
 def render(specs: list[KernelSpec]) -> dict[str, str]:
     """filename -> content, for every file generated/ must hold."""
     specs = sorted(specs, key=lambda s: s.name)
@@ -68,7 +76,7 @@ def render(specs: list[KernelSpec]) -> dict[str, str]:
     kernel_t = env.get_template("kernel.hip.j2")
     for s in specs:
         out[s.filename] = kernel_t.render(spec=s, banner=banner, arch_guard=KERNEL_GUARD[s.arch],
-                                          kv_format=KV_FORMAT[s.kv_dtype], q_format=Q_FORMAT[s.q_dtype],
+                                          tiling=tiling_expr(s),
                                           spec_json=json.dumps(s.as_dict(), sort_keys=True))
     out["registry.inc"] = env.get_template("registry.inc.j2").render(
         specs=specs, banner=banner, fingerprint=fp, guards=REGISTRY_GUARD, dtype_enum=DTYPE_ENUM)

@@ -44,6 +44,7 @@ def default_tiles(arch: str, kv_dtype: str) -> dict:
 # The generator's heuristic and the runtime's (for the generic kernel, through the
 # generated registry) both read this table.
 TARGET_BLOCKS = {"sm90a": 132 * 2, "gfx950": 256 * 2, "gfx942": 304 * 2}
+NATIVE_FP8_TARGET_BLOCKS = 256  # gfx950 native fp8: one block (144 KB of LDS) on each of 256 CUs
 Q_DTYPES = ("bf16", "fp8")
 KV_DTYPES = ("bf16", "fp8e4m3fn", "fp8e4m3fnuz", "mxfp4")
 
@@ -120,10 +121,29 @@ class KernelSpec:
         return self.arch == "sm90a" and self.kv_dtype in WARPGROUP_KV and self.block_n == WARPGROUP_BLOCK_N
 
     @property
+    def native_fp8(self) -> bool:
+        """The gfx950 kernel on the native fp8 datapath (fp8 KV x fp8 q on the fp8 MFMAs, no
+        dequantization: runtime/include/mlagen/device/mla_decode_gfx950_fp8.cuh). Its block
+        is 4 waves that each walk their own 32-token tiles, one block a CU (144 KB of LDS),
+        and it merges its own splits."""
+        return self.arch == "gfx950" and self.kv_dtype == "fp8e4m3fn"
+
+    @property
+    def body(self) -> str:
+        """Which device-code body the kernel runs."""
+        if self.vendor == "nvidia":
+            return "sm90_wgmma" if self.warpgroup else ("mma_wide" if self.kv_dtype == "bf16" or self.kv_dtype == "mxfp4" else "mma_fp8")
+        if self.native_fp8:
+            return "gfx950_fp8"
+        return "gfx9_wide" if self.kv_dtype in ("bf16", "mxfp4") else "gfx9_fp8"
+
+    @property
     def target_blocks(self) -> int:
         """Resident blocks the split heuristic aims for: SMs x blocks an SM of this tiling
         (the warpgroup kernel fits two an SM with 2 stages, 95 KB fp8 / 103 KB mxfp4; one
         with more)."""
+        if self.native_fp8:
+            return NATIVE_FP8_TARGET_BLOCKS
         return TARGET_BLOCKS[self.arch] // 2 if self.warpgroup and self.stages > 2 else TARGET_BLOCKS[self.arch]
 
     @property

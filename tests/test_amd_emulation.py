@@ -45,5 +45,6 @@ def test_gfx9_kernel_source_matches_float64_reference(arch, tmp_path):
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
     print(run.stdout)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert run.stdout.count(" ok\n") == 33  # 6 format pairs x 5 cases + |q| > 65504 for the 3 bf16-q pairs
+    # 6 format pairs x 5 cases + |q| > 65504 for the 3 bf16-q pairs + a strided KV view for the 2 fp8-KV pairs
+    assert run.stdout.count(" ok\n") == 35
     assert run.stdout.count("q-beyond-f16") == 3

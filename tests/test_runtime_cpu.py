@@ -83,11 +83,12 @@ def test_generic_splits_follow_the_generators_heuristic(L, batch, kv_len):
 
 def _workspace_layout_bytes(batch, splits, heads=16, v_dim=512):
     """runtime/include/mlagen/internal.h workspace_layout: [0, 1024) the error word and the
-    fp8-q maxima; with splits > 1 then the split maxima/sums (8 bytes a (sequence, split,
-    head)), aligned to 256, then the split outputs (float32, v_dim a (sequence, split, head))."""
+    fp8-q maxima; with splits > 1 then the fixed region of split arrival counters (4 bytes x
+    65536), the split maxima/sums (8 bytes a (sequence, split, head)), aligned to 256, then the
+    split outputs (float32, v_dim a (sequence, split, head))."""
     if splits <= 1:
         return 1024
-    o_offset = -(-(1024 + batch * splits * heads * 8) // 256) * 256
+    o_offset = -(-(1024 + 4 * 65536 + batch * splits * heads * 8) // 256) * 256
     return o_offset + batch * splits * heads * v_dim * 4
 
 

@@ -37,6 +37,8 @@ using std::max;
 inline uint32_t atomicOr(uint32_t* p, uint32_t v) {
   return __atomic_fetch_or(p, v, __ATOMIC_SEQ_CST);
 }
+inline uint32_t atomicAdd(uint32_t* p, uint32_t v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 
 typedef _Float16 emu_f16x4 __attribute__((ext_vector_type(4)));
 typedef _Float16 emu_f16x8 __attribute__((ext_vector_type(8)));
@@ -59,7 +61,8 @@ extern "C" __attribute__((weak)) __bf16 __truncsfbf2(float f) {
 struct EmuWave {
   std::barrier<>* bar = nullptr;
   float f[64];
-  float a[64][8], b[64][8];  // MFMA operands as exact fp32 (every f16 / bf16 is one)
+  float a[64][32], b[64][32];  // MFMA operands as exact fp32 (every f16 / bf16 / fp8 is one)
+  uint64_t ballot;
 };
 struct EmuBlock {
   std::barrier<>* bar = nullptr;
@@ -140,3 +143,94 @@ inline float emu_fp8_decode(uint32_t byte) {
   return s ? -mag : mag;
 }
 #define __builtin_amdgcn_cvt_f32_fp8(v, sel) emu_fp8_decode((static_cast<uint32_t>(v) >> (8 * (sel))) & 0xff)
+
+// ---- gfx950's native fp8 datapath ----------------------------------------------------------
+// Operand layouts from AMD's CDNA3/CDNA4 ISA guides ("dependent on the block size, K is split
+// across the 4 lane groups"): for every 16x16 MFMA lane l = i + 16 j holds A[i][E j .. E j + E-1],
+// B[E j .. E j + E-1][i] and D[4 j + r][i], E = K / 4 elements a lane: E = 32 bytes for
+// 16x16x128 f8f6f4, 8 for 16x16x32 fp8. The order of the E elements within a lane is
+// immaterial here: A and B share it, and D sums over all of them.
+inline float emu_fp8_byte(uint8_t c) {  // an MFMA operand byte: the NaN codes are NaN
+#if defined(__gfx950__)
+  if ((c & 0x7f) == 0x7f) return NAN;
+#else
+  if (c == 0x80) return NAN;
+#endif
+  return emu_fp8_decode(c);
+}
+template <int E, class VA, class VB>
+emu_f32x4 emu_mfma_fp8(VA a, VB b, emu_f32x4 c) {
+  EmuWave& w = emu_block->wave[emu_wave];
+  uint8_t ab[E], bb[E];
+  std::memcpy(ab, &a, E);
+  std::memcpy(bb, &b, E);
+  for (int e = 0; e < E; ++e) {
+    w.a[emu_lane][e] = emu_fp8_byte(ab[e]);
+    w.b[emu_lane][e] = emu_fp8_byte(bb[e]);
+  }
+  w.bar->arrive_and_wait();
+  const int i = emu_lane & 15, j = emu_lane >> 4;
+  emu_f32x4 d = c;
+  for (int r = 0; r < 4; ++r) {
+    const int row = 4 * j + r, col = i;
+    float acc = 0.f;
+    for (int k = 0; k < 4 * E; ++k) acc += w.a[row + 16 * (k / E)][k % E] * w.b[col + 16 * (k / E)][k % E];
+    d[r] += acc;
+  }
+  w.bar->arrive_and_wait();
+  return d;
+}
+// format 0/0 (e4m3 x e4m3), scales 0: the unscaled product the kernel asks for (other
+// operands are not emulated and abort)
+#define __builtin_amdgcn_mfma_scale_f32_16x16x128_f8f6f4(a, b, c, fa, fb, oa, sa, ob, sb) \
+  (((fa) | (fb) | (sa) | (sb)) ? (std::abort(), c) : emu_mfma_fp8<32>(a, b, c))
+#define __builtin_amdgcn_mfma_f32_16x16x32_fp8_fp8(a, b, c, x, y, z) emu_mfma_fp8<8>(a, b, c)
+
+// v_cvt_pk_fp8_f32 (gfx950, OCP e4m3fn): two fp32 -> two bytes, round to nearest even, into
+// the low (hi = false) or high half of `old`. Out of range (|x| > 448, where the kernel
+// promises never to go) or NaN gives the NaN code, so a kernel that overflows shows it.
+inline uint32_t emu_fp8_encode_rne(float x) {
+  if (!(std::fabs(x) <= 448.f)) return 0x7f;
+  int best = 0;
+  float err = INFINITY;
+  for (int c = 0; c < 128; ++c) {  // magnitudes; 0x7f is NaN
+    if (c == 0x7f) continue;
+    const float e = std::fabs(emu_fp8_decode(c) - std::fabs(x));
+    if (e < err || (e == err && (c & 1) == 0)) err = e, best = c;
+  }
+  return static_cast<uint32_t>(best) | (std::signbit(x) ? 0x80u : 0u);
+}
+inline int emu_cvt_pk_fp8(float a, float b, int old, bool hi) {
+  const uint32_t pk = emu_fp8_encode_rne(a) | (emu_fp8_encode_rne(b) << 8);
+  const uint32_t o = static_cast<uint32_t>(old);
+  return static_cast<int>(hi ? (o & 0xffffu) | (pk << 16) : (o & 0xffff0000u) | pk);
+}
+#define __builtin_amdgcn_cvt_pk_fp8_f32(a, b, old, hi) emu_cvt_pk_fp8(a, b, old, hi)
+
+// global_load_lds_dwordx4: lane l's 16 bytes land at lds + offset + 16 l: the LDS-direct
+// loads place data by lane id times the transfer size from an M0 base (AMD's CDNA3 ISA guide,
+// LDS-direct global/buffer loads), not at a per-lane LDS address.
+// Done at once here: the emulator checks where the bytes go, not when. A wave's lanes are
+// threads here, so s_waitcnt (the point after which the wave may read what its DMAs wrote)
+// is a wave barrier: every lane's copies are done before any lane reads.
+inline void emu_lds_dma(const void* src, void* lds, unsigned size, int offset) {
+  if (size != 16) std::abort();
+  std::memcpy(static_cast<uint8_t*>(lds) + offset + 16 * emu_lane, static_cast<const uint8_t*>(src) + offset, 16);
+}
+#define __builtin_amdgcn_global_load_lds(src, lds, size, offset, aux) \
+  emu_lds_dma((const void*)(src), (void*)(lds), size, offset)
+inline void emu_waitcnt() { emu_block->wave[emu_wave].bar->arrive_and_wait(); }
+#define __builtin_amdgcn_s_waitcnt(x) ((void)(x), emu_waitcnt())
+
+inline uint64_t emu_ballot(bool pred) {
+  EmuWave& w = emu_block->wave[emu_wave];
+  if (emu_lane == 0) w.ballot = 0;
+  w.bar->arrive_and_wait();
+  if (pred) __atomic_fetch_or(&w.ballot, uint64_t{1} << emu_lane, __ATOMIC_SEQ_CST);
+  w.bar->arrive_and_wait();
+  const uint64_t r = w.ballot;
+  w.bar->arrive_and_wait();
+  return r;
+}
+#define __builtin_amdgcn_ballot_w64(pred) emu_ballot(pred)
+#define __builtin_amdgcn_readfirstlane(x) (x)

@@ -75,6 +75,8 @@ DEFAULT_EXPECT = {
 # KV, mxfp4 dequantized to bf16 in LDS) on bf16 operands. gfx950: 16x16x32 (PV, QK pairs);
 # gfx942: 16x16x16.
 REQUIRED_MFMA = {("gfx950", "f16"): "v_mfma_f32_16x16x32_f16", ("gfx942", "f16"): "v_mfma_f32_16x16x16_f16",
+                 # gfx950 fp8 KV: the native fp8 kernel (fp8 x fp8, nothing dequantized)
+                 ("gfx950", "fp8"): "v_mfma_f32_16x16x128_f8f6f4,v_mfma_f32_16x16x32_fp8_fp8",
                  ("gfx950", "bf16"): "v_mfma_f32_16x16x32_bf16", ("gfx942", "bf16"): "v_mfma_f32_16x16x16_bf16"}
 WIDE_KV_RE = re.compile(r"_kv(bf16|mxfp4)(_|\.hip$)")  # the KV dtype tag of a generated kernel's name
 
@@ -82,7 +84,8 @@ WIDE_KV_RE = re.compile(r"_kv(bf16|mxfp4)(_|\.hip$)")  # the KV dtype tag of a g
 def required_mfma(arch: str, source: str) -> str:
     """The intended MFMA mnemonic of the kernel in `source` (a generated file name carries its
     KV dtype): bf16 for bf16 / mxfp4 KV, f16 otherwise (fp8 KV, the self-test)."""
-    operands = "bf16" if WIDE_KV_RE.search(os.path.basename(source)) else "f16"
+    base = os.path.basename(source)
+    operands = "bf16" if WIDE_KV_RE.search(base) else ("fp8" if arch == "gfx950" and "_kvfp8" in base else "f16")
     return REQUIRED_MFMA.get((arch, operands), "")
 
 

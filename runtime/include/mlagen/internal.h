@@ -22,15 +22,21 @@ struct KernelEntry {
 };
 
 // Device workspace: [0, 1024) the error word (at 0) and the fp8-q pre-pass maxima (at 64,
-// up to 240 floats: formats.cuh kQAmaxOffset / kQAmaxParts); then split maxima/sums; then
-// split outputs.
+// up to 240 floats: formats.cuh kQAmaxOffset / kQAmaxParts). When split: one arrival counter a
+// sequence at a FIXED place, [1024, 1024 + 4 * 65536) (the kernels that merge their own splits
+// count arrivals there and reset each counter to 0: it stays zero between calls, and no other
+// problem's layout puts partials there, so a workspace shared by problems of different sizes
+// keeps its counters valid); then split maxima/sums; then split outputs.
+constexpr size_t kSplitCountersOffset = 1024;
+constexpr size_t kSplitCountersBytes = size_t{4} * 65536;  // batch <= 65535
 struct WorkspaceLayout {
-  size_t ml_offset, o_offset, bytes;
+  size_t cnt_offset, ml_offset, o_offset, bytes;
 };
 inline WorkspaceLayout workspace_layout(int64_t batch, int64_t splits, int64_t heads = 16, int64_t v_dim = 512) {
   auto align = [](size_t x) { return (x + 255) / 256 * 256; };
   WorkspaceLayout w{};
-  w.ml_offset = 1024;
+  w.cnt_offset = kSplitCountersOffset;
+  w.ml_offset = splits > 1 ? kSplitCountersOffset + kSplitCountersBytes : 1024;
   const size_t ml_bytes = splits > 1 ? static_cast<size_t>(batch * splits * heads) * 8 : 0;
   w.o_offset = align(w.ml_offset + ml_bytes);
   const size_t o_bytes = splits > 1 ? static_cast<size_t>(batch * splits * heads * v_dim) * 4 : 0;

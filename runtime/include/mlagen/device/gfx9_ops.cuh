@@ -148,6 +148,47 @@ MLAGEN_DEVICE void mfma_k32(f32x4& d, V a_lo, V a_hi, V b_lo, V b_hi) {
 #endif
 }
 
+// ---- gfx950's native fp8 datapath (mla_decode_gfx950_fp8.cuh) ----------------------------
+// Operand layouts (lane l = i + 16 j), the same M/N/D map as the 16x16 forms above:
+//   v_mfma_f32_16x16x128_f8f6f4 (fp8 x fp8, no block scale): A[i][32j..32j+31] (8 dwords,
+//       byte e = k 32j + e), B[32j..32j+31][i], C/D[4j+r][i]. 32 cycles (8 passes).
+//   v_mfma_f32_16x16x32_fp8_fp8: A[i][8j..8j+7] (2 dwords), B[8j..8j+7][i], C/D[4j+r][i].
+//       16 cycles: half the fp8 rate of the x128 form.
+// Which k a lane's byte e stands for matters to neither kernel nor emulator: A and B use the
+// same slot -> k map, so D = sum over slots of A_slot * B_slot whatever the map is.
+typedef int i32x8 __attribute__((ext_vector_type(8)));
+typedef __attribute__((address_space(3))) void lds_void;
+
+#if defined(__gfx950__)
+MLAGEN_DEVICE void mfma_fp8_k128(f32x4& d, i32x8 a, i32x8 b) {
+  // format 0 (e4m3) for A and B; scale operands 0 select the unscaled encoding
+  d = __builtin_amdgcn_mfma_scale_f32_16x16x128_f8f6f4(a, b, d, 0, 0, 0, 0, 0, 0);
+}
+MLAGEN_DEVICE void mfma_fp8_k32(f32x4& d, uint64_t a, uint64_t b) {
+  d = __builtin_amdgcn_mfma_f32_16x16x32_fp8_fp8(static_cast<long>(a), static_cast<long>(b), d, 0, 0, 0);
+}
+// Four fp32 -> four OCP e4m3 bytes (element 0 lowest), round to nearest even: two
+// v_cvt_pk_fp8_f32. The callers keep |x| <= 448.
+MLAGEN_DEVICE uint32_t pack_fp8x4(float a, float b, float c, float d) {
+  int w = __builtin_amdgcn_cvt_pk_fp8_f32(a, b, 0, false);
+  w = __builtin_amdgcn_cvt_pk_fp8_f32(c, d, w, true);
+  return static_cast<uint32_t>(w);
+}
+// 16 bytes from global memory straight into LDS (global_load_lds_dwordx4): lane l's bytes
+// land at lds + 16 l; `lds` must be wave-uniform. Counted by vmcnt like a load.
+MLAGEN_DEVICE void lds_dma16(const void* src, uint8_t* lds) {
+  __builtin_amdgcn_global_load_lds(src, (lds_void*)lds, 16, /*offset=*/0, /*aux=*/0);
+}
+// Wait until at most n of this wave's vector memory operations are outstanding (gfx9
+// s_waitcnt encoding: vmcnt in [3:0] and [15:14]; expcnt and lgkmcnt left at their maxima).
+template <int n>
+MLAGEN_DEVICE void wait_vmcnt() {
+  static_assert(n >= 0 && n < 64, "vmcnt is 6 bits");
+  __builtin_amdgcn_s_waitcnt((n & 15) | ((n >> 4) << 14) | (7 << 4) | (15 << 8));
+}
+MLAGEN_DEVICE bool wave_any(bool pred) { return __builtin_amdgcn_ballot_w64(pred) != 0; }
+#endif
+
 MLAGEN_DEVICE uint32_t lds32(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
 // 4x4 transpose of 16-bit elements: w[r] holds elements 0..3 of row r (element 0 in the low

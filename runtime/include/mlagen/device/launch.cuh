@@ -3,7 +3,7 @@
 #pragma once
 #include "mlagen/internal.h"
 #include "mlagen/device/mla_decode.cuh"       // NVIDIA: mma.sync kernel
-#include "mlagen/device/mla_decode_gfx9.cuh"  // AMD: MFMA kernel
+#include "mlagen/device/mla_decode_gfx9.cuh"  // AMD: MFMA kernels (+ mla_decode_gfx950_fp8.cuh)
 
 namespace mlagen::device {
 
@@ -32,6 +32,7 @@ inline Params make_params(const mlagen_problem* pr, int32_t splits) {
   p.part_ml = reinterpret_cast<float2*>(base + ws.ml_offset);
   p.part_o = reinterpret_cast<float*>(base + ws.o_offset);
   p.errors = reinterpret_cast<uint32_t*>(base);
+  p.split_counters = reinterpret_cast<uint32_t*>(base + ws.cnt_offset);
   p.batch = pr->batch;
   p.splits = splits;
   p.total_q = pr->total_q;
@@ -77,24 +78,28 @@ hipError_t launch_dependent(Kernel* kernel, dim3 grid, dim3 block, int smem, hip
 }
 #endif
 
-// The combine (when split) after a decode launch, and the launch error check.
-template <class Combine>
-mlagen_status launch_combine(const mlagen_problem* pr, const Params& p, Combine* combine, int32_t splits,
-                             hipStream_t stream) {
-  if (splits > 1) {
+// The combine (when split and not merged by the decode) after a decode launch, and the launch
+// error check.
+template <class T, class Shape>
+mlagen_status launch_combine(const mlagen_problem* pr, const Params& p, int32_t splits, hipStream_t stream) {
+  if constexpr (!FusedCombine<T>::value) {
+    if (splits > 1) {
+      auto* combine = &mla_combine_kernel<T, Shape>;
 #if defined(MLAGEN_NVIDIA)
-    const hipError_t le = launch_dependent(combine, dim3(pr->batch * kHeads), dim3(128), 0, stream, p);
-    if (le != hipSuccess) return fail(MLAGEN_ERR_DEVICE, "combine launch failed: %s", hipGetErrorString(le));
+      const hipError_t le = launch_dependent(combine, dim3(pr->batch * kHeads), dim3(128), 0, stream, p);
+      if (le != hipSuccess) return fail(MLAGEN_ERR_DEVICE, "combine launch failed: %s", hipGetErrorString(le));
 #else
-    hipLaunchKernelGGL(combine, dim3(pr->batch * kHeads), dim3(128), 0, stream, p);
+      hipLaunchKernelGGL(combine, dim3(pr->batch * kHeads), dim3(128), 0, stream, p);
 #endif
+    }
   }
   const hipError_t e = hipGetLastError();
   if (e != hipSuccess) return fail(MLAGEN_ERR_DEVICE, "kernel launch failed: %s", hipGetErrorString(e));
   return MLAGEN_OK;
 }
 
-// [q_amax_kernel, when fp8 q is quantized here] -> decode -> [combine, when split].
+// [q_amax_kernel, when fp8 q is quantized here] -> decode -> [combine, when split and the
+// decode does not merge its own splits].
 // An fp8-q kernel (T::kQ == kFp8) runs as generated for an fp8 q given with its scale, and as
 // its kFp8FromBf16 instantiation when the library quantizes a bf16 q.
 template <class T, class Shape>
@@ -102,7 +107,6 @@ mlagen_status launch_mla_decode(const mlagen_problem* pr, int32_t splits, void* 
   const Params p = make_params(pr, splits);
   const auto stream = static_cast<hipStream_t>(raw_stream);
   const dim3 grid(splits, pr->batch), block(T::kThreads);
-  auto* combine = &mla_combine_kernel<T, Shape>;
   if constexpr (T::kQ == QFormat::kFp8) {
     if (p.q_amax_parts > 0) {
       using TQ = typename T::template WithQ<QFormat::kFp8FromBf16>;
@@ -118,7 +122,7 @@ mlagen_status launch_mla_decode(const mlagen_problem* pr, int32_t splits, void* 
 #else
       hipLaunchKernelGGL(kernel, grid, block, TQ::kSmemBytes, stream, p);
 #endif
-      return launch_combine(pr, p, combine, splits, stream);
+      return launch_combine<T, Shape>(pr, p, splits, stream);
     }
   }
   auto* kernel = &mla_decode_kernel<T, Shape>;
@@ -126,7 +130,7 @@ mlagen_status launch_mla_decode(const mlagen_problem* pr, int32_t splits, void* 
   const mlagen_status st = ensure_smem_limit(kernel, T::kSmemBytes, smem_configured);
   if (st != MLAGEN_OK) return st;
   hipLaunchKernelGGL(kernel, grid, block, T::kSmemBytes, stream, p);
-  return launch_combine(pr, p, combine, splits, stream);
+  return launch_combine<T, Shape>(pr, p, splits, stream);
 }
 
 }  // namespace mlagen::device

@@ -53,6 +53,17 @@ MLAGEN_DEVICE void transpose4x4(const uint32_t (&w)[4], uint32_t (&out)[4], uint
   out[3] = byte_perm(hi01, hi23, sel_odd);
 }
 
+// Whether a tiling's decode merges its own splits (T::kFusedCombine; absent = no): then the
+// launcher runs no combine kernel.
+template <class T, class = void>
+struct FusedCombine {
+  static constexpr bool value = false;
+};
+template <class T>
+struct FusedCombine<T, decltype(void(T::kFusedCombine))> {
+  static constexpr bool value = T::kFusedCombine;
+};
+
 // Split `split` of `splits` over a sequence of seq_len tokens, in whole tiles of block_n.
 struct SplitRange {
   int ntiles;     // tiles this split streams (0 for an empty split)

@@ -23,6 +23,7 @@
 // fp8 uses 2 LDS buffers; the wide path one (see decode_wide).
 #pragma once
 #include "mlagen/device/formats.cuh"
+#include "mlagen/device/mla_decode_gfx950_fp8.cuh"  // gfx950 fp8 KV: the native fp8 body
 
 #if defined(MLAGEN_AMD)
 namespace mlagen::device {
@@ -37,6 +38,7 @@ struct Tiling : TileGeometry<kBlockN_, kStages_, /*waves=*/4> {
   static constexpr bool kWide = KvTraits<kKv>::kWide;
   static constexpr float kVUnit = kWide ? 1.f : kVDecodeScale;  // the combine's partial-O unit
   static constexpr bool kMx = kKv == KvFormat::kMxfp4;
+  static constexpr bool kNative = false;  // NativeFp8Tiling (mla_decode_gfx950_fp8.cuh) is
   // fp8 path: rows of 576 bytes (+16 pad, G::kRowBytes). Wide path: bf16 rows of 1152 bytes
   // + 16 pad (73 x 16 bytes; 1168 = 16 mod 128, with 32 banks of 4 bytes): the 8 rows that
   // 8 lanes of an S^T ds_read_b128 touch start 16 bytes apart in the banks, and the V^T
@@ -443,7 +445,9 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
 template <class T, class Shape>
 __global__ void __launch_bounds__(T::kThreads) mla_decode_kernel(const Params p) {
   extern __shared__ __attribute__((aligned(16))) uint8_t smem[];
-  if constexpr (T::kWide)
+  if constexpr (T::kNative)
+    decode_fp8_native<T, Shape>(p, smem);
+  else if constexpr (T::kWide)
     decode_wide<T, Shape>(p, smem);
   else
     decode_fp8<T, Shape>(p, smem);

@@ -33,6 +33,7 @@ struct Params {
   float* part_o;            // [batch, splits, 16, 512] unnormalized split outputs
   float2* part_ml;          // [batch, splits, 16] (running max, running sum)
   uint32_t* errors;         // device error word (MLAGEN_DEVERR_*)
+  uint32_t* split_counters; // [batch] split arrivals (kernels that merge their own splits); zero between calls
   int32_t batch, splits;
   int64_t total_q, total_kv;
   float sm_scale;
