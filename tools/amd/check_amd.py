@@ -763,6 +763,19 @@ def main(argv=None) -> int:
                          "skipped": len(skipped), "seconds": round(time.time() - t0, 1)}
     print(f"\ncheck_amd: {len(jobs) - len(failed)} passed, {len(failed)} failed, {len(skipped)} skipped "
           f"(toolchain missing) in {time.time() - t0:.1f} s")
+    if not a.selftest and not failed and any(j.arch == "gfx950" for j in jobs):
+        sys.path.insert(0, HERE)
+        import cost_model
+        cost = cost_model.cost_report(REPO, chroot, out_dir, report["results"])
+        with open(os.path.join(out_dir, "cost.json"), "w") as fh:
+            json.dump(cost, fh, indent=1)
+        cost_model.print_cost(cost)
+        report["cost"] = {"file": rel(os.path.join(out_dir, "cost.json")), "calibration": {
+            k: cost["calibration"].get(k) for k in ("modelled_us", "measured_us", "error", "within_15pct", "skipped")}}
+        cal = cost["calibration"]
+        if "skipped" not in cal and not cal["within_15pct"]:
+            print("check_amd: FAIL: the cost model misses the calibration kernel by more than 15%: fix the model first")
+            failed.append(None)
     if failed:
         return finish(1)
     if skipped:
