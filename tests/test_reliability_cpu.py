@@ -79,11 +79,12 @@ def test_extra_shapes_generate_into_the_build_folder():
 
 def test_workspace_bytes_follow_the_layout(L):
     """Per-plan scratch is sized from mlagen_workspace_bytes: the error word and q maxima
-    (1 KB), then per split and head (m, l) and a 512-float partial output."""
+    (1 KB), when split the fixed region of split arrival counters (4 x 65536 bytes), then per
+    split and head (m, l) and a 512-float partial output."""
     p = Problem.make(32, 8192)
     splits = _lib.select(p)["splits"]
     ml = 32 * splits * 16 * 8
-    o_off = (1024 + ml + 255) // 256 * 256
+    o_off = (1024 + 4 * 65536 + ml + 255) // 256 * 256
     assert L.mlagen_workspace_bytes(ctypes.byref(p)) == o_off + 32 * splits * 16 * 512 * 4
     one = Problem.make(256, 8192)
     assert _lib.select(one)["splits"] == 1 and L.mlagen_workspace_bytes(ctypes.byref(one)) == 1024
