@@ -132,7 +132,7 @@ class KernelSpec:
     def body(self) -> str:
         """Which device-code body the kernel runs."""
         if self.vendor == "nvidia":
-            return "sm90_wgmma" if self.warpgroup else ("mma_wide" if self.kv_dtype == "bf16" or self.kv_dtype == "mxfp4" else "mma_fp8")
+            return "sm90_wgmma" if self.warpgroup else ("mma_wide" if self.kv_dtype in ("bf16", "mxfp4") else "mma_fp8")
         if self.native_fp8:
             return "gfx950_fp8"
         return "gfx9_wide" if self.kv_dtype in ("bf16", "mxfp4") else "gfx9_fp8"

@@ -93,9 +93,25 @@ inline float emu_elem(__bf16 h) {
   return __uint_as_float(static_cast<uint32_t>(u) << 16);
 }
 
-// D(16x16) += A(16xK) B(Kx16); lane l = i + 16 j holds A[i][E*j .. E*j+E-1],
-// B[E*j .. E*j+E-1][i] and D[4j + r][i] (E = K / 4 elements a lane). The same map for the
-// f16 and the bf16 forms; products and sums in fp32.
+// D(16x16) += A(16xK) B(Kx16) once every lane of the wave has deposited its operands (as
+// exact fp32) in w.a / w.b: lane l = i + 16 j holds A[i][E*j .. E*j+E-1], B[E*j .. E*j+E-1][i]
+// and D[4j + r][i] (E = K / 4 elements a lane); products and sums in fp32.
+template <int E>
+emu_f32x4 emu_mfma_product(EmuWave& w, emu_f32x4 c) {
+  w.bar->arrive_and_wait();
+  const int i = emu_lane & 15, j = emu_lane >> 4;
+  emu_f32x4 d = c;
+  for (int r = 0; r < 4; ++r) {
+    const int row = 4 * j + r, col = i;
+    float acc = 0.f;
+    for (int k = 0; k < 4 * E; ++k) acc += w.a[row + 16 * (k / E)][k % E] * w.b[col + 16 * (k / E)][k % E];
+    d[r] += acc;
+  }
+  w.bar->arrive_and_wait();
+  return d;
+}
+
+// The f16 and bf16 MFMAs: each lane's E elements as fp32, then emu_mfma_product's map.
 template <int E, class VA>
 emu_f32x4 emu_mfma(VA a, VA b, emu_f32x4 c) {
   EmuWave& w = emu_block->wave[emu_wave];
@@ -103,18 +119,7 @@ emu_f32x4 emu_mfma(VA a, VA b, emu_f32x4 c) {
     w.a[emu_lane][e] = emu_elem(a[e]);
     w.b[emu_lane][e] = emu_elem(b[e]);
   }
-  w.bar->arrive_and_wait();
-  const int i = emu_lane & 15, j = emu_lane >> 4;
-  emu_f32x4 d = c;
-  for (int r = 0; r < 4; ++r) {
-    const int row = 4 * j + r, col = i;
-    float acc = 0.f;
-    for (int k = 0; k < 4 * E; ++k)
-      acc += w.a[row + 16 * (k / E)][k % E] * w.b[col + 16 * (k / E)][k % E];
-    d[r] += acc;
-  }
-  w.bar->arrive_and_wait();
-  return d;
+  return emu_mfma_product<E>(w, c);
 }
 #define __builtin_amdgcn_mfma_f32_16x16x16f16(a, b, c, x, y, z) emu_mfma<4>(a, b, c)
 #define __builtin_amdgcn_mfma_f32_16x16x32_f16(a, b, c, x, y, z) emu_mfma<8>(a, b, c)
@@ -168,17 +173,7 @@ emu_f32x4 emu_mfma_fp8(VA a, VB b, emu_f32x4 c) {
     w.a[emu_lane][e] = emu_fp8_byte(ab[e]);
     w.b[emu_lane][e] = emu_fp8_byte(bb[e]);
   }
-  w.bar->arrive_and_wait();
-  const int i = emu_lane & 15, j = emu_lane >> 4;
-  emu_f32x4 d = c;
-  for (int r = 0; r < 4; ++r) {
-    const int row = 4 * j + r, col = i;
-    float acc = 0.f;
-    for (int k = 0; k < 4 * E; ++k) acc += w.a[row + 16 * (k / E)][k % E] * w.b[col + 16 * (k / E)][k % E];
-    d[r] += acc;
-  }
-  w.bar->arrive_and_wait();
-  return d;
+  return emu_mfma_product<E>(w, c);
 }
 // format 0/0 (e4m3 x e4m3), scales 0: the unscaled product the kernel asks for (other
 // operands are not emulated and abort)

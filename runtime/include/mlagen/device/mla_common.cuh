@@ -100,6 +100,28 @@ MLAGEN_DEVICE float out_scale(float l, float o_scale, bool bad) {
 // What a split leaves for the combine: (running max, running sum); NaN sum when flagged.
 MLAGEN_DEVICE float2 split_state(float m, float l, bool bad) { return make_float2(m, bad ? quiet_nan() : l); }
 
+// The online merge of split states (m_s, l_s): weights w_s = 2^(m_s - max m); a split flagged
+// bad (NaN sum) makes the row NaN. add() returns false for an empty split (weight 0), else the
+// factor `a` for what was merged so far and the split's weight `w`; scale() the final factor
+// of the merged row (o_scale / sum w_s l_s; 0 for no tokens).
+struct SplitMerge {
+  float mmax = -INFINITY, lsum = 0.f;
+  bool bad = false;
+  MLAGEN_DEVICE bool add(float2 ml, float& a, float& w) {
+    bad |= ml.y != ml.y;
+    if (ml.x == -INFINITY) return false;
+    const float mn = fmaxf(mmax, ml.x);
+    a = fast_exp2(mmax - mn);  // 0 while mmax = -inf
+    w = fast_exp2(ml.x - mn);
+    lsum = lsum * a + w * ml.y;
+    mmax = mn;
+    return true;
+  }
+  MLAGEN_DEVICE float scale(float o_scale) const {
+    return bad || lsum != lsum ? quiet_nan() : (lsum > 0.f ? o_scale / lsum : 0.f);
+  }
+};
+
 // Merges the splits of one (sequence, head): out = sum_s w_s O_s / sum_s w_s l_s with
 // w_s = 2^(m_s - max m), times the per-tensor KV scale where the kernel's path leaves it
 // to the end (fp8). 128 threads x 4 dims; grid = batch * 16. Launched as a dependent grid
@@ -115,9 +137,8 @@ __global__ void __launch_bounds__(128) mla_combine_kernel(const Params p) {
   const int64_t q_row = Shape::q_row(p, b);
   const float o_scale = T::kWide ? 1.f : kv_scale_of(p) * T::kVUnit;
   wait_for_prior_grid();  // the decode grid's partials are complete and visible
-  float mmax = -INFINITY, lsum = 0.f;
+  SplitMerge mg;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  bool bad = false;
   for (int s0 = 0; s0 < splits; s0 += kGroup) {
     float2 ml[kGroup];
     float4 v[kGroup];
@@ -130,19 +151,15 @@ __global__ void __launch_bounds__(128) mla_combine_kernel(const Params p) {
 #pragma unroll
     for (int j = 0; j < kGroup; ++j) {
       if (s0 + j >= splits) break;
-      bad |= ml[j].y != ml[j].y;
-      if (ml[j].x == -INFINITY) continue;  // no tokens: weight 0
-      const float mn = fmaxf(mmax, ml[j].x);
-      const float a = fast_exp2(mmax - mn), w = fast_exp2(ml[j].x - mn);  // a = 0 while mmax = -inf
-      lsum = lsum * a + w * ml[j].y;
+      float a, w;
+      if (!mg.add(ml[j], a, w)) continue;  // no tokens: weight 0
       acc.x = acc.x * a + w * v[j].x;
       acc.y = acc.y * a + w * v[j].y;
       acc.z = acc.z * a + w * v[j].z;
       acc.w = acc.w * a + w * v[j].w;
-      mmax = mn;
     }
   }
-  const float inv = bad || lsum != lsum ? quiet_nan() : (lsum > 0.f ? o_scale / lsum : 0.f);
+  const float inv = mg.scale(o_scale);
   uint2 v;
   v.x = pack_bf16x2(acc.x * inv, acc.y * inv);
   v.y = pack_bf16x2(acc.z * inv, acc.w * inv);

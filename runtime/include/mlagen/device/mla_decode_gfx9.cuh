@@ -38,7 +38,7 @@ struct Tiling : TileGeometry<kBlockN_, kStages_, /*waves=*/4> {
   static constexpr bool kWide = KvTraits<kKv>::kWide;
   static constexpr float kVUnit = kWide ? 1.f : kVDecodeScale;  // the combine's partial-O unit
   static constexpr bool kMx = kKv == KvFormat::kMxfp4;
-  static constexpr bool kNative = false;  // NativeFp8Tiling (mla_decode_gfx950_fp8.cuh) is
+  static constexpr bool kNative = false;  // true only for NativeFp8Tiling (mla_decode_gfx950_fp8.cuh)
   // fp8 path: rows of 576 bytes (+16 pad, G::kRowBytes). Wide path: bf16 rows of 1152 bytes
   // + 16 pad (73 x 16 bytes; 1168 = 16 mod 128, with 32 banks of 4 bytes): the 8 rows that
   // 8 lanes of an S^T ds_read_b128 touch start 16 bytes apart in the banks, and the V^T

@@ -219,21 +219,17 @@ MLAGEN_DEVICE void accumulate_pv(const uint8_t* stage, uint64_t pb, int i, int j
   }
 }
 
-// Merges the splits' partials of sequence b for head h, dims d0 .. d0 + 31 (the formula of
-// mla_combine_kernel) and writes the bf16 row.
+// Merges the splits' partials of sequence b for head h, dims d0 .. d0 + 31 (SplitMerge, as
+// mla_combine_kernel does) and writes the bf16 row.
 MLAGEN_DEVICE void merge_splits(const Params& p, int b, int splits, int64_t q_row, int h, int d0, float o_scale) {
   const int64_t slot0 = static_cast<int64_t>(b) * splits;
-  float mmax = -INFINITY, lsum = 0.f, acc[32];
-  bool bad = false;
+  SplitMerge mg;
+  float acc[32];
 #pragma unroll
   for (int e = 0; e < 32; ++e) acc[e] = 0.f;
   for (int s = 0; s < splits; ++s) {
-    const float2 ml = p.part_ml[(slot0 + s) * kHeads + h];
-    bad |= ml.y != ml.y;
-    if (ml.x == -INFINITY) continue;  // no tokens: weight 0
-    const float mn = fmaxf(mmax, ml.x);
-    const float a = fast_exp2(mmax - mn), wgt = fast_exp2(ml.x - mn);
-    lsum = lsum * a + wgt * ml.y;
+    float a, wgt;
+    if (!mg.add(p.part_ml[(slot0 + s) * kHeads + h], a, wgt)) continue;  // no tokens: weight 0
     const float4* po = reinterpret_cast<const float4*>(p.part_o + ((slot0 + s) * kHeads + h) * kVDim + d0);
 #pragma unroll
     for (int q = 0; q < 8; ++q) {
@@ -243,9 +239,8 @@ MLAGEN_DEVICE void merge_splits(const Params& p, int b, int splits, int64_t q_ro
       acc[4 * q + 2] = acc[4 * q + 2] * a + wgt * v.z;
       acc[4 * q + 3] = acc[4 * q + 3] * a + wgt * v.w;
     }
-    mmax = mn;
   }
-  const float inv = bad || lsum != lsum ? quiet_nan() : (lsum > 0.f ? o_scale / lsum : 0.f);
+  const float inv = mg.scale(o_scale);
   uint4* out = reinterpret_cast<uint4*>(p.out + q_row * p.out_stride_token + h * p.out_stride_head + d0);
 #pragma unroll
   for (int q = 0; q < 4; ++q)
