@@ -89,30 +89,35 @@ def function_body(asm: str, name: str) -> list[str]:
 
 
 def hot_loop(body: list[str]) -> list[str]:
-    """The instructions of the loop (header + blocks 'in Loop: Header=it') with the most MFMAs."""
-    loops: dict[str, list[str]] = {}
-    cur = None
-    for ln in body:
+    """The instructions of the outermost loop with the most MFMAs: from its header block to its
+    last block ('in Loop: Header=it'), loops nested inside included (an unrolled or paged inner
+    loop belongs to the tile loop's work)."""
+    labels = []  # (line index, header it belongs to or is, depth)
+    for n, ln in enumerate(body):
         m = _LABEL.match(ln)
-        if m:
-            name = m.group(1)
-            cur = None
-            if _HEADER.search(ln):
-                cur = name.lstrip(".L") if name.startswith(".L") else name
-            else:
-                lm = _LOOP.search(ln)
-                if lm:
-                    cur = lm.group(1)
-            if cur:
-                loops.setdefault(cur, [])
+        if not m:
             continue
-        if cur:
-            code = ln.split(";", 1)[0].strip()
-            if code and not code.startswith("."):
-                loops[cur].append(code)
-    if not loops:
-        return []
-    return max(loops.values(), key=lambda ins: sum(1 for i in ins if i.startswith("v_mfma")))
+        h = _HEADER.search(ln)
+        if h:
+            labels.append((n, m.group(1).lstrip(".L"), int(h.group(1))))
+            continue
+        lm = _LOOP.search(ln)
+        if lm:
+            labels.append((n, lm.group(1), int(lm.group(2))))
+    spans = {}
+    for n, head, depth in labels:
+        if depth == 1:
+            a, b = spans.get(head, (n, n))
+            spans[head] = (min(a, n), max(b, n))
+    best: list[str] = []
+    for a, b in spans.values():
+        end = next((n for n, _, _ in labels if n > b), None)
+        nxt = next((k for k in range(b + 1, len(body)) if _LABEL.match(body[k])), len(body))
+        ins = [ln.split(";", 1)[0].strip() for ln in body[a:nxt] if not _LABEL.match(ln)]
+        ins = [i for i in ins if i and not i.startswith(".")]
+        if sum(1 for i in ins if i.startswith("v_mfma")) > sum(1 for i in best if i.startswith("v_mfma")):
+            best = ins
+    return best
 
 
 def census(instrs: list[str]) -> dict:
