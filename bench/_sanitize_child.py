@@ -57,11 +57,68 @@ def run_case(torch, mlagen, inp: dict, args, kv_format: str = "fp8", q_dtype: st
     return res
 
 
+def paged_case(torch, mlagen, lengths, page, seed, device, kv_format, q_dtype) -> dict:
+    """A block table over a cache of exactly the pages the sequences use (random order; unused
+    table entries hold an invalid id, which must never be read): every non-empty row finite; then
+    one page id past the cache makes only its sequence NaN (and is flagged), with no access
+    outside the cache."""
+    import math
+    g = torch.Generator(device=device).manual_seed(seed)
+    need = [math.ceil(n / page) for n in lengths]
+    num_pages = sum(need)
+    cache = torch.randn((num_pages * page, 1, 576), generator=g, device=device).to(torch.bfloat16)
+    perm = torch.randperm(num_pages, generator=g).tolist()
+    table = torch.full((len(lengths), max(need)), num_pages + 100, dtype=torch.int32)
+    at = 0
+    for b, n in enumerate(need):
+        table[b, :n] = torch.tensor(perm[at:at + n], dtype=torch.int32)
+        at += n
+    table = table.to(device)
+    fp8, scale = C.quantize_fp8(cache)
+    kv_data = {"bf16": cache, "fp8": (fp8, scale)}
+    if kv_format == "mxfp4":
+        from mlagen import quant
+        kv_data["mxfp4"] = quant.quantize_mxfp4(cache)
+    q = torch.randn((len(lengths), 16, 576), generator=g, device=device).to(torch.bfloat16)
+    qo = torch.arange(len(lengths) + 1, dtype=torch.int32, device=device)
+    kv_lens = torch.tensor(lengths, dtype=torch.int32, device=device)
+    config = C.make_config(len(lengths), None)
+
+    def call():
+        out = mlagen.decode(q, kv_data, qo, None, config, kv_format=kv_format, q_dtype=q_dtype, page_table=table,
+                            page_size=page, kv_lens=kv_lens)
+        torch.cuda.synchronize()
+        return out
+
+    res = dict(case=f"paged{page}", kv_format=kv_format, q_dtype=q_dtype, lengths=lengths)
+    out = call()
+    res["kernel"] = (mlagen.last_kernel() or {}).get("name")
+    mlagen.check_device_errors()
+    live = torch.tensor([n > 0 for n in lengths], device=device)
+    finite = torch.isfinite(out.float()).flatten(1).all(dim=1)
+    res["nonfinite_rows"] = (~finite & live).nonzero().flatten().tolist()
+    victim = max(range(len(lengths)), key=lambda b: lengths[b])
+    table[victim, 0] = num_pages  # one past the cache
+    out = call()
+    finite = torch.isfinite(out.float()).flatten(1).all(dim=1)
+    flagged = False
+    try:
+        mlagen.check_device_errors()
+    except mlagen.MlagenError:
+        flagged = True
+    others = [b for b in range(len(lengths)) if b != victim and lengths[b] > 0]
+    res["bad_page_flagged"] = flagged and bool(torch.isnan(out[victim].float()).all()) and bool(finite[others].all())
+    res["ok"] = not res["nonfinite_rows"] and res["bad_page_flagged"]
+    return res
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", default=None,
                    help="uniform BATCHxKV_LEN list (default: the eight benchmark shapes); 'none' for none")
     p.add_argument("--no-nonuniform", action="store_true", help="skip the non-uniform-length case")
+    p.add_argument("--paged", default="1,16,64", help="page sizes of the paged cases ('' for none): the non-uniform "
+                   "lengths over a block table, pages in random order, plus one page id past the cache")
     p.add_argument("--nonuniform-batch", type=int, default=10, help="sequences in the non-uniform case")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ref", action="store_true", help="also check against the float32 reference")
@@ -105,6 +162,21 @@ def main(argv=None) -> int:
                       f"{res.get('error') or ''}", flush=True)
             del inp
             torch.cuda.empty_cache()
+        formats = [tuple((f.split(":") + ["bf16"])[:2]) for f in args.formats.split(",") if f]
+        for page in [int(x) for x in args.paged.split(",") if x]:
+            lengths = C.nonuniform_lengths(args.nonuniform_batch, seed=args.seed + page)
+            for fmt, q_dtype in formats:
+                try:
+                    res = paged_case(torch, mlagen, lengths, page, args.seed + 7 * page, device, fmt, q_dtype)
+                except Exception as e:  # noqa: BLE001
+                    res = dict(case=f"paged{page}", ok=False, error=f"{type(e).__name__}: {e}", kv_format=fmt,
+                               q_dtype=q_dtype)
+                    traceback.print_exc()
+                summary["cases"].append(res)
+                print(f"[child] paged{page} {fmt}/q{q_dtype}: {'ok' if res.get('ok') else 'FAIL'} "
+                      f"kernel={res.get('kernel')} nonfinite_rows={res.get('nonfinite_rows')} "
+                      f"bad_page_flagged={res.get('bad_page_flagged')} {res.get('error') or ''}", flush=True)
+                torch.cuda.empty_cache()
         torch.cuda.synchronize()
         summary["ok"] = all(c.get("ok") for c in summary["cases"])
         status = 0 if summary["ok"] else 3

@@ -221,7 +221,8 @@ class FakeMlagen:
         lengths = [b - a for a, b in zip(ptr, ptr[1:])]
         uniform = len(set(lengths)) == 1
         inp = dict(q=q, kv_fp8=kv, scale=scale, batch=q.shape[0], uniform=uniform,
-                   kv_len=lengths[0] if uniform else 0, kv_indptr_host=ptr)
+                   kv_len=lengths[0] if uniform else 0, kv_indptr_host=ptr, kv_indptr=kv_indptr,
+                   qo_indptr=torch.arange(q.shape[0] + 1, dtype=torch.int32))
         return C.reference_fp8(inp).to(torch.bfloat16)
 
     def decode(self, q, kv_data, qo_indptr, kv_indptr, config, **kw):
@@ -712,6 +713,147 @@ def make_chart(results: dict, path: str) -> None:
 # main
 # --------------------------------------------------------------------------------------
 
+# --------------------------------------------------------------------------------------
+# paged KV: mlagen contiguous vs paged (pages of 64 and 1 in random order), FlashMLA bf16 on the
+# same block table
+# --------------------------------------------------------------------------------------
+
+def import_flashmla():
+    """FlashMLA's package from .peers/flashmla (or ../shared/peers/flashmla), or (None, why)."""
+    for d in (os.path.join(C.REPO, ".peers", "flashmla"), os.path.join(os.path.dirname(C.REPO), "shared", "peers",
+                                                                          "flashmla")):
+        if os.path.isdir(d):
+            sys.path.insert(0, d)
+            try:
+                import flash_mla  # noqa: F401
+                return flash_mla, None
+            except Exception as e:  # noqa: BLE001
+                return None, err_text(e)
+    return None, "no .peers/flashmla"
+
+
+def paged_inputs(torch, batch, kv_len, page, seed, device):
+    """A cache of batch*kv_len rows in pages of `page` (random page order, every format from one
+    bf16 cache), the block table, and the contiguous view of the same rows."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    pages_per_seq = kv_len // page
+    num_pages = batch * pages_per_seq
+    cache = torch.randn((num_pages * page, 1, 576), generator=g, device=device).to(torch.bfloat16)
+    fp8, scale = C.quantize_fp8(cache)
+    perm = torch.randperm(num_pages, generator=g, device=device).to(torch.int32)
+    table = perm.view(batch, pages_per_seq).contiguous()
+    rows = (table.long().view(batch, pages_per_seq, 1) * page + torch.arange(page, device=device)).reshape(-1)
+    q = torch.randn((batch, 16, 576), generator=g, device=device).to(torch.bfloat16)
+    kv_lens = torch.full((batch,), kv_len, dtype=torch.int32, device=device)
+    return dict(q=q, cache={"bf16": cache, "fp8": (fp8, scale)}, table=table, kv_lens=kv_lens, rows=rows,
+                contig={"bf16": cache[rows], "fp8": (fp8[rows], scale)},
+                qo_indptr=torch.arange(batch + 1, dtype=torch.int32, device=device),
+                kv_indptr=torch.arange(0, (batch + 1) * kv_len, kv_len, dtype=torch.int32, device=device),
+                config=C.make_config(batch, kv_len))
+
+
+def bench_paged(ctx, shapes) -> list[dict]:
+    torch, mg, timer, args = ctx.torch, ctx.mlagen, ctx.timer, ctx.args
+    fm, fm_error = import_flashmla()
+    if fm_error:
+        log(f"FlashMLA: {fm_error}")
+    rows = []
+    for batch, kv_len in shapes:
+        name = C.shape_name(batch, kv_len)
+        row = dict(shape=name, batch=batch, kv_len=kv_len, flashmla_error=fm_error, columns={}, kernels={}, errors=[])
+        inps = {pg: paged_inputs(torch, batch, kv_len, pg, args.seed + 7 * pg, ctx.device) for pg in (64, 1)}
+        calls = {}
+        for fmt in ("fp8", "bf16"):
+            x = inps[64]
+            calls[f"{fmt} contiguous"] = functools.partial(mg.decode, x["q"], x["contig"], x["qo_indptr"],
+                                                           x["kv_indptr"], x["config"], kv_format=fmt)
+            for pg, x in inps.items():
+                calls[f"{fmt} page {pg}"] = functools.partial(mg.decode, x["q"], x["cache"], x["qo_indptr"], None,
+                                                              x["config"], kv_format=fmt, page_table=x["table"],
+                                                              page_size=pg, kv_lens=x["kv_lens"])
+        if fm is not None:
+            x = inps[64]
+            kc = x["cache"]["bf16"].view(-1, 64, 1, 576)
+            meta, _ = fm.get_mla_metadata()
+            def flashmla(x=x, kc=kc, meta=meta):
+                return fm.flash_mla_with_kvcache(x["q"].unsqueeze(1), kc, x["table"], x["kv_lens"], 512, meta, None,
+                                                 softmax_scale=576 ** -0.5, causal=False)[0].squeeze(1)
+            calls["FlashMLA bf16 page 64"] = flashmla
+        # correctness: every column against float32 on the values it reads (the same logical rows)
+        refs = {}
+
+        def reference(fmt, x):
+            key = (fmt, id(x))
+            if key not in refs:
+                kvs = x["contig"]["bf16"].float() if fmt == "bf16" else x["contig"]["fp8"][0].float() * x["contig"]["fp8"][1]
+                kvs = kvs.view(batch, kv_len, 576)
+                p = torch.softmax(torch.einsum("bhd,bnd->bhn", x["q"].float(), kvs) * 576 ** -0.5, -1)
+                refs[key] = torch.einsum("bhn,bnd->bhd", p, kvs[..., :512])
+            return refs[key]
+
+        for col, fn in calls.items():
+            try:
+                out = fn()
+                torch.cuda.synchronize()
+                fmt = "fp8" if col.startswith("fp8") else "bf16"
+                x = inps[1] if col.endswith("page 1") else inps[64]
+                e = C.rel_l2(out, reference(fmt, x))
+                row["columns"][col] = dict(rel_err=e)
+                if not col.startswith("FlashMLA"):
+                    row["kernels"][col] = (mg.last_kernel() or {}).get("name")
+                if e > args.tol:
+                    row["errors"].append(f"{col}: rel_l2 {e:.2e} > {args.tol}")
+            except Exception as e:  # noqa: BLE001
+                row["errors"].append(f"{col}: {err_text(e)}")
+        refs.clear()
+        live = {c: f for c, f in calls.items() if c in row["columns"] and "rel_err" in row["columns"][c]}
+        times = {c: [] for c in live}
+        for _ in range(args.warmup):
+            for fn in live.values():
+                fn()
+        for _ in range(args.reps):
+            for c, fn in live.items():
+                times[c].append(timer.once(fn))
+        for c, t in times.items():
+            row["columns"][c].update(stats(t))
+        med = {c: row["columns"][c].get("median_us") for c in live}
+        for fmt in ("fp8", "bf16"):
+            base = med.get(f"{fmt} contiguous")
+            for pg in (64, 1):
+                v = med.get(f"{fmt} page {pg}")
+                if base and v:
+                    row["columns"][f"{fmt} page {pg}"]["vs_contiguous"] = v / base
+        fl = med.get("FlashMLA bf16 page 64")
+        for c in live:
+            if fl and med.get(c) and not c.startswith("FlashMLA"):
+                row["columns"][c]["speedup_vs_flashmla"] = fl / med[c]
+        log(f"[paged {name}] " + "  ".join(f"{c} {med[c]:.1f}" for c in live) +
+            ("" if not row["errors"] else "  ERRORS: " + "; ".join(row["errors"])))
+        rows.append(row)
+        del inps, calls, live
+        torch.cuda.empty_cache()
+    return rows
+
+
+def make_paged_chart(rows, path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    cols = [c for c in ("fp8 contiguous", "fp8 page 64", "fp8 page 1", "bf16 contiguous", "bf16 page 64",
+                        "bf16 page 1", "FlashMLA bf16 page 64") if any(c in r["columns"] for r in rows)]
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    w = 0.8 / max(1, len(cols))
+    for i, c in enumerate(cols):
+        ys = [(r["columns"].get(c) or {}).get("median_us") or 0 for r in rows]
+        ax.bar([k + i * w for k in range(len(rows))], ys, w, label=c)
+    ax.set_xticks([k + 0.4 - w / 2 for k in range(len(rows))], [r["shape"] for r in rows])
+    ax.set_ylabel("median us (L2 flushed, one call)")
+    ax.set_title("paged KV on the H200: mlagen contiguous vs pages in random order, FlashMLA on the same table")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=os.path.join(C.REPO, "bench", "results"), help="output folder")
@@ -736,6 +878,10 @@ def parse_args(argv=None):
                         "bf16, mxfp4, and fp8 KV with bf16 q through decode() as the fp8 q columns are called, "
                         "and with both fp8 q routes)")
     p.add_argument("--no-host-overhead", action="store_true", help="skip the host-overhead measurement")
+    p.add_argument("--paged", default=None, const="32x8192,64x8192,256x8192", nargs="?",
+                   help="also time paged KV on these shapes (default with no value: 32x8192,64x8192,256x8192): "
+                        "fp8 / bf16 contiguous vs a block table of pages of 64 and 1 in random order, and "
+                        "FlashMLA bf16 on the same pages of 64")
     p.add_argument("--kernel", default=None,
                    help="force this mlagen kernel (a name from mlagen.kernels(); tuning) instead of its dispatch")
     p.add_argument("--force-generic", action="store_true", help="force mlagen's generic kernel")
@@ -863,6 +1009,14 @@ def main(argv=None) -> int:
             if args.verbose:
                 traceback.print_exc()
 
+    if args.paged and ctx.mlagen is not None and not args.cpu_smoke:
+        try:
+            results["paged"] = bench_paged(ctx, C.parse_shapes(args.paged))
+        except Exception as e:  # noqa: BLE001
+            results["paged_error"] = err_text(e)
+            log(f"paged bench failed: {err_text(e)}")
+            traceback.print_exc()
+
     # copy again at the end: a drift check
     try:
         results["copy_end"] = measure_copy(torch, ctx.timer, int(args.copy_gib * (1 << 30)),
@@ -880,6 +1034,8 @@ def main(argv=None) -> int:
         try:
             make_chart(results, png)
             results["files"]["png"] = png
+            if results.get("paged"):
+                make_paged_chart(results["paged"], os.path.join(args.out, "paged.png"))
         except Exception as e:  # noqa: BLE001
             results["chart_error"] = err_text(e)
             log(f"chart not written: {err_text(e)} (use --json-only to skip it)")

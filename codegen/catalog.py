@@ -28,6 +28,11 @@ DEFAULT_DTYPES = {"sm90a": (("bf16", "fp8e4m3fn"), ("fp8", "fp8e4m3fn"), ("bf16"
                   "gfx942": (("bf16", "fp8e4m3fnuz"),)}
 GENERIC_DTYPES = {arch: tuple((q, kv) for kv in have["kv_dtype"] for q in have["q_dtype"])
                   for arch, have in IMPLEMENTED.items()}
+# Specialized kernels for paged KV (a block table, pages of a fixed size): vLLM's page sizes 1
+# (its ROCm aiter backend) and 64 (FlashMLA) on the long leaderboard shapes, per arch. Every
+# other page size and shape is the generic kernel's (it reads the page size at run time).
+PAGED_SPECIALIZED = {"sm90a": dict(dtypes=(("bf16", "fp8e4m3fn"), ("bf16", "bf16")),
+                                   shapes=((32, 8192), (64, 8192), (256, 8192)), page_sizes=(1, 64))}
 # Tile choices built as generic kernels besides the default, so `make tune` can measure
 # them on any shape without regenerating: (block_n, stages) per (arch, kv dtype).
 TUNING_TILES = {("sm90a", "fp8e4m3fn"): ((32, 3), (32, 4), (32, 6), (64, 3)),
@@ -87,11 +92,13 @@ def heuristic_splits(target_blocks: int, batch: int, kv_len: int) -> int:
     return min(splits, max(1, kv_len // 256), 64)
 
 
-def params_for(arch: str, batch: int, kv_len: int, q_dtype: str, kv_dtype: str, tuning: dict) -> dict:
+def params_for(arch: str, batch: int, kv_len: int, q_dtype: str, kv_dtype: str, tuning: dict, page_size: int = 0) -> dict:
     table = tuning.get(arch, {})
     shape = f"{batch}x{kv_len}"
-    # the q format changes no tiling: an fp8-q kernel takes the bf16-q measurement if it has none
-    entry = table.get(f"q{q_dtype}_kv{kv_dtype}", {}).get(shape) or table.get(f"qbf16_kv{kv_dtype}", {}).get(shape)
+    # the q format changes no tiling: an fp8-q kernel takes the bf16-q measurement if it has none;
+    # a paged kernel takes its own (q{..}_kv{..}_pg{P}) or else the contiguous one
+    entry = table.get(f"q{q_dtype}_kv{kv_dtype}_pg{page_size}", {}).get(shape) if page_size else None
+    entry = entry or table.get(f"q{q_dtype}_kv{kv_dtype}", {}).get(shape) or table.get(f"qbf16_kv{kv_dtype}", {}).get(shape)
     if entry:
         return {k: entry[k] for k in ("splits", "block_n", "stages")}
     return heuristic_params(arch, batch, kv_len, kv_dtype)
@@ -124,6 +131,14 @@ def build_catalog(shapes: Iterable[tuple[int, int]] | None = None,
             for batch, kv_len in sorted(set(all_shapes)):
                 p = params_for(arch, batch, kv_len, q_dtype, kv_dtype, tuning)
                 specs.append(KernelSpec(arch, batch, kv_len, q_dtype=q_dtype, kv_dtype=kv_dtype, **p))
+        paged = PAGED_SPECIALIZED.get(arch)
+        if paged:  # the contiguous kernel's tiling and splits unless the tuning table has the page's
+            for q_dtype, kv_dtype in paged["dtypes"]:
+                for batch, kv_len in paged["shapes"]:
+                    for page in paged["page_sizes"]:
+                        p = params_for(arch, batch, kv_len, q_dtype, kv_dtype, tuning, page)
+                        specs.append(KernelSpec(arch, batch, kv_len, q_dtype=q_dtype, kv_dtype=kv_dtype,
+                                                page_size=page, **p))
     check_unique(specs)
     unimplemented = [s.name for s in specs if not s.implemented]
     if unimplemented:
@@ -149,7 +164,7 @@ def bundle_catalog(arch: str, kv_format: str, q_dtype: str = "bf16") -> list[Ker
     kv_dtype = kv_dtype_of(arch, kv_format)
     full = build_catalog(archs=[arch], include_shapes_file=False)
     keep = [s for s in full if (s.q_dtype, s.kv_dtype) == (q_dtype, kv_dtype)
-            and (s.role == 1 or (s.role == 0 and (s.batch, s.kv_len) in LEADERBOARD_SHAPES))]
+            and (s.role == 1 or (s.role == 0 and s.page_size == 0 and (s.batch, s.kv_len) in LEADERBOARD_SHAPES))]
     if not any(s.role == 1 for s in keep):
         raise SpecError(f"no generic kernel for q {q_dtype} / kv {kv_dtype} on {arch}: not a format a bundle can carry")
     return keep

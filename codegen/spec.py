@@ -7,7 +7,7 @@ the registry entry and the pytest id, and `KernelSpec.parse(name)` gives the spe
     mla_decode_sm90a_bany_kvany_sany_qbf16_kvfp8e4m3fn      (the generic, runtime-shaped kernel)
 
 Fields that keep their default value are left out of the name; any other value adds a
-tag in fixed order after the dtypes (`_h32`, `_ql4`, `_bn64`, `_st3`).
+tag in fixed order after the dtypes (`_h32`, `_ql4`, `_bn64`, `_st3`, `_pg64`).
 """
 from __future__ import annotations
 
@@ -58,10 +58,14 @@ IMPLEMENTED = {
 
 ANY = 0  # batch / kv_len / splits of the generic kernel: sizes come at run time
 
-DEFAULTS = dict(num_heads=16, q_len=1, qk_dim=576, v_dim=512, block_n=32, stages=4)
+DEFAULTS = dict(num_heads=16, q_len=1, qk_dim=576, v_dim=512, block_n=32, stages=4, page_size=0)
 # optional tags, in name order: tag -> field
 OPTIONAL_TAGS = (("h", "num_heads"), ("ql", "q_len"), ("dk", "qk_dim"), ("dv", "v_dim"),
-                 ("bn", "block_n"), ("st", "stages"))
+                 ("bn", "block_n"), ("st", "stages"), ("pg", "page_size"))
+PAGE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # what the kernels read (kv_rows.cuh)
+# KV row bytes, the unit of kv_stride_token in bytes, and the scale kind (0 none, 1 one float32,
+# 2 E8M0 rows): what the runtime checks a problem's KV against (registry rows carry them)
+KV_LAYOUT = {"bf16": (1152, 2, 0), "fp8e4m3fn": (576, 1, 1), "fp8e4m3fnuz": (576, 1, 1), "mxfp4": (288, 1, 2)}
 
 
 class SpecError(ValueError):
@@ -82,6 +86,8 @@ class KernelSpec:
     v_dim: int = 512
     block_n: int = 32   # KV tokens per pipeline tile
     stages: int = 4     # tiles in flight (cp.async ring depth)
+    page_size: int = 0  # specialized: KV rows in pages of this many (0 = contiguous rows); the
+                        # generic kernel (0) reads contiguous or paged rows, page size at run time
 
     def __post_init__(self):
         self.validate()
@@ -138,6 +144,18 @@ class KernelSpec:
         return "gfx9_wide" if self.kv_dtype in ("bf16", "mxfp4") else "gfx9_fp8"
 
     @property
+    def row_bytes(self) -> int:
+        return KV_LAYOUT[self.kv_dtype][0]
+
+    @property
+    def stride_unit(self) -> int:
+        return KV_LAYOUT[self.kv_dtype][1]
+
+    @property
+    def scale_kind(self) -> int:
+        return KV_LAYOUT[self.kv_dtype][2]
+
+    @property
     def target_blocks(self) -> int:
         """Resident blocks the split heuristic aims for: SMs x blocks an SM of this tiling
         (the warpgroup kernel fits two an SM with 2 stages, 95 KB fp8 / 103 KB mxfp4; one
@@ -161,7 +179,7 @@ class KernelSpec:
         (tuning candidates are told apart by their tiles)."""
         tiles = (self.block_n, self.stages) if self.role == 2 else ()
         return (self.arch, self.batch, self.kv_len, self.q_dtype, self.kv_dtype,
-                self.num_heads, self.q_len) + tiles
+                self.num_heads, self.q_len, self.page_size) + tiles
 
     @property
     def implemented(self) -> bool:
@@ -223,6 +241,10 @@ class KernelSpec:
             bad("q_len", "1")
         if (self.qk_dim, self.v_dim) != (576, 512):
             bad("qk_dim", "576 with v_dim 512 (DeepSeek MLA latent + rope)")
+        if self.page_size and self.page_size not in PAGE_SIZES:
+            bad("page_size", f"0 (contiguous rows) or one of {PAGE_SIZES}")
+        if self.page_size and self.generic:
+            bad("page_size", "0 for the generic kernel (it reads the page size at run time)")
         if self.block_n not in (32, 64):
             bad("block_n", "32 or 64")
         if self.warpgroup and self.stages > 5:

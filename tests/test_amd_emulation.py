@@ -7,10 +7,12 @@ tests/amd_emu/run_gfx9.cpp runs the real mla_decode_gfx9.cuh + combine kernels o
 with split, tail, empty and over-split sequences against a float64 reference on the
 dequantized inputs (and a bf16 q beyond f16's range), for each format pair the gfx9 kernel implements: fp8 KV (f16 MFMA) with
 bf16 or fp8 q, bf16 KV and mxfp4 KV (bf16 MFMA; mxfp4 scale row strides 18 and 24) with bf16
-or fp8 q. The KV and scale tensors end at a PROT_NONE page, so an out-of-bounds read
-crashes the run. This checks every index map of the AMD kernel (fragments, transposes,
-masking, dequantization, epilogue, splits); it cannot check the hardware's speed or the
-emulation's own reading of the ISA.
+or fp8 q; KV rows contiguous or paged (page sizes 1, 16, 32, 64 in random order, a shared page,
+block table or FlashInfer's form, a compile-time page size), the LSE of every case, and page ids
+outside the cache (NaN for that sequence alone, error bit 4). The KV and scale tensors end at a
+PROT_NONE page, so an out-of-bounds read crashes the run. This checks every index map of the
+AMD kernel (fragments, transposes, masking, dequantization, paging, epilogue, splits); it cannot
+check the hardware's speed or the emulation's own reading of the ISA.
 """
 import os
 import shutil
@@ -45,6 +47,8 @@ def test_gfx9_kernel_source_matches_float64_reference(arch, tmp_path):
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
     print(run.stdout)
     assert run.returncode == 0, run.stdout + run.stderr
-    # 6 format pairs x 5 cases + |q| > 65504 for the 3 bf16-q pairs + a strided KV view for the 2 fp8-KV pairs
-    assert run.stdout.count(" ok\n") == 35
+    # 6 format pairs x (5 contiguous + 7 paged cases) + |q| > 65504 for the 3 bf16-q pairs + a strided KV view
+    # for the 2 fp8-KV pairs
+    assert run.stdout.count(" ok\n") == 77
+    assert run.stdout.count("paged") == 6 * 7
     assert run.stdout.count("q-beyond-f16") == 3

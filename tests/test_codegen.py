@@ -55,8 +55,15 @@ def test_default_catalog_is_the_leaderboard():
         mine = [s for s in specs if s.arch == arch]
         for q_dtype, kv_dtype in catalog.DEFAULT_DTYPES[arch]:  # every leaderboard shape, specialized
             shapes = sorted((s.batch, s.kv_len) for s in mine
-                            if not s.generic and (s.q_dtype, s.kv_dtype) == (q_dtype, kv_dtype))
+                            if not s.generic and not s.page_size and (s.q_dtype, s.kv_dtype) == (q_dtype, kv_dtype))
             assert shapes == sorted(catalog.LEADERBOARD_SHAPES), (arch, q_dtype, kv_dtype)
+        paged = catalog.PAGED_SPECIALIZED.get(arch)  # page sizes 1 and 64 on the long shapes
+        got = sorted((s.q_dtype, s.kv_dtype, s.batch, s.kv_len, s.page_size) for s in mine if s.page_size)
+        want = sorted((q, kv, b, n, pg) for q, kv in paged["dtypes"] for b, n in paged["shapes"]
+                      for pg in paged["page_sizes"]) if paged else []
+        assert got == want, arch
+        if paged:
+            assert {1, 64} <= set(paged["page_sizes"])
         # one generic kernel for every implemented (q, kv) pair, tile candidates for bf16 q
         generic = sorted((s.q_dtype, s.kv_dtype) for s in mine if s.role == 1)
         assert generic == sorted(catalog.GENERIC_DTYPES[arch]), arch

@@ -26,7 +26,7 @@ LEADERBOARD = [(4, 1024), (4, 8192), (32, 1024), (32, 8192), (64, 1024), (64, 81
 
 def _specs():
     with open(os.path.join(ROOT, "generated", "manifest.json")) as f:
-        return [k for k in json.load(f)["kernels"] if k["arch"] == "sm90a" and k["batch"]
+        return [k for k in json.load(f)["kernels"] if k["arch"] == "sm90a" and k["batch"] and not k.get("page_size")
                 and (k["q_dtype"], k["kv_dtype"]) == ("bf16", "fp8e4m3fn")]  # other formats: test_gpu_formats.py
 
 

@@ -205,11 +205,12 @@ def test_launch_makes_the_plans_device_current():
     assert plan.problem.device == 0
     out = torch.empty(4, 16, 512, dtype=torch.bfloat16, device="cuda")
     plan.problem.device = torch.cuda.device_count() + 3
+    plan.rebuild()  # the library plan keeps its own copy of the problem
     with pytest.raises(mlagen.MlagenError, match=f"device={torch.cuda.device_count() + 3}: cannot make it current"):
         plan.run(q, None, kv_data["fp8"][0], kv_data["fp8"][1], qo, kvp, out, None)
     assert torch.cuda.current_device() == 0
     plan.problem.device = 0
-    plan.bound.clear()  # rebind with the corrected problem
+    plan.rebuild()
     out.fill_(float("nan"))
     plan.run(q, None, kv_data["fp8"][0], kv_data["fp8"][1], qo, kvp, out, None)
     torch.cuda.synchronize()

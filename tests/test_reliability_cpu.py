@@ -57,11 +57,11 @@ def test_device_field(L):
     assert Problem.make(4, 1024).device == -1  # the current device
 
 
-def test_abi_version_3_has_no_stream_in_the_problem(L):
-    """The stream is a launch argument (mlagen_decode / mlagen_decode_ptrs), not part of the
-    problem; a problem of the previous ABI is refused by its version."""
+def test_abi_version_4_has_no_stream_in_the_problem(L):
+    """The stream is a launch argument (mlagen_decode / mlagen_run), not part of the problem;
+    a problem of a previous ABI is refused by its version."""
     assert "stream" not in {f for f, _ in Problem._fields_}
-    _refused(Problem.make(4, 1024, abi_version=2), "abi_version=2: expected 3")
+    _refused(Problem.make(4, 1024, abi_version=3), "abi_version=3: expected 4")
 
 
 def test_extra_shapes_generate_into_the_build_folder():

@@ -1,6 +1,7 @@
 """CPU tests of the runtime through the C ABI: registry, dispatch decisions, error messages.
 They load the built library (no GPU is touched by selection and validation)."""
 import ctypes
+import re
 import json
 import os
 
@@ -112,6 +113,7 @@ def test_workspace_size_exact_values(L):
     assert L.mlagen_workspace_bytes(ctypes.byref(Problem.make(4, 1024, num_heads=8))) == 0  # invalid: no kernel
 
 
+PAGED = dict(page_size=16, page_table=0x8000, page_table_width=64, page_table_stride=64, page_table_len=4 * 64, kv_lens=0x9000)
 BAD = [
     (dict(num_heads=32), "num_heads=32: expected 16"),
     (dict(num_kv_heads=2), "num_kv_heads=2: expected 1"),
@@ -136,7 +138,23 @@ BAD = [
     (dict(out_stride_head=500), "out_stride_head=500"),
     (dict(out_stride_token=512), "out_stride_token=512"),
     (dict(q_dtype=9), "q_dtype=9"),
-    (dict(abi_version=7), "abi_version=7: expected 3"),
+    (dict(abi_version=7), "abi_version=7: expected 4"),
+    (dict(page_size=12, page_table=0x8000), "page_size=12: expected a power of two 1..256"),
+    (dict(page_size=512, page_table=0x8000), "page_size=512: expected a power of two"),
+    (dict(page_size=16), "page_table: NULL pointer"),
+    (dict(page_table=0x8000), "page_table / kv_lens / page_indptr / last_page_len: given with page_size=0"),
+    (dict(PAGED, page_table=0x8002), "page_table: address .* not 4-byte aligned"),
+    (dict(PAGED, page_table_width=0), "page_table_width=0: expected >= 1"),
+    (dict(PAGED, page_table_stride=32), "page_table_stride=32: expected >= page_table_width=64"),
+    (dict(PAGED, page_table_len=100), "page_table_len=100: expected >= \\(batch-1\\)\\*page_table_stride"),
+    (dict(PAGED, page_table_width=8, page_table_stride=8, page_table_len=32), "page_table_width=8: expected >= 64 pages"),
+    (dict(PAGED, total_kv=4100), "total_kv=4100: expected a multiple of page_size=16"),
+    (dict(PAGED, kv_lens=None, kv_indptr=None), "kv_lens: NULL pointer"),
+    (dict(PAGED, last_page_len=0xa000), "last_page_len: given without page_indptr"),
+    (dict(PAGED, kv_lens=None, page_indptr=0xb000), "last_page_len: NULL pointer"),
+    (dict(PAGED, page_indptr=0xb000, last_page_len=0xa000), "kv_lens: given with page_indptr"),
+    (dict(lse=0x8002, lse_stride_token=16), "lse: address .* not 4-byte aligned"),
+    (dict(lse=0x8000, lse_stride_token=8), "lse_stride_token=8: expected >= num_heads=16"),
 ]
 
 
@@ -207,7 +225,9 @@ def test_decode_refuses_a_missing_or_small_workspace_before_touching_the_gpu(L):
 def test_null_problem(L):
     assert L.mlagen_select(None, None) == _lib.ERR_INVALID
     assert L.mlagen_last_error() == b"problem: NULL pointer"
-    assert L.mlagen_decode_ptrs(None, None, None, None, None, None, None, None, None) == _lib.ERR_INVALID
+    assert L.mlagen_run(None, None, None) == _lib.ERR_INVALID
+    assert L.mlagen_last_error() == b"plan: NULL pointer"
+    assert L.mlagen_plan(None, None) == _lib.ERR_INVALID
 
 
 def test_kernel_at_out_of_range(L):
@@ -230,3 +250,58 @@ def test_kernel_by_name(L):
     with pytest.raises(_lib.MlagenError, match="kernel_name=nope: no such kernel") as e:
         _lib.select(Problem.make(4, 1024, kernel_name=b"nope"))
     assert e.value.status == _lib.ERR_UNSUPPORTED
+
+
+def test_paged_problems_select_the_page_size_kernels(L):
+    """Specialized _pg1 / _pg64 kernels for a block table of their page size; every other page
+    size, and FlashInfer's indices form, goes to the generic kernel (page size read at run time)."""
+    def paged(page, **kw):
+        width = -(-8192 // page)
+        return Problem.make(32, 8192, page_size=page, page_table=0x8000, page_table_width=width,
+                            page_table_stride=width, page_table_len=32 * width, kv_lens=0x9000, kv_indptr=None, **kw)
+    for page in (1, 64):
+        got = _lib.select(paged(page))
+        assert got["name"].endswith(f"_pg{page}") and got["page_size"] == page and not got["generic"], got
+        # the paged kernel's own tuning entry, else the contiguous kernel's splits
+        want = catalog.params_for("sm90a", 32, 8192, "bf16", "fp8e4m3fn", catalog.load_tuning(), page)["splits"]
+        assert got["splits"] == want
+    for page in (16, 256):
+        assert _lib.select(paged(page))["generic"]
+    fi = paged(64, page_indptr=0xb000, last_page_len=0xa000)
+    fi.kv_lens = None
+    assert _lib.select(fi)["generic"]
+    name = _lib.select(paged(64))["name"]
+    with pytest.raises(_lib.MlagenError, match=f"kernel_name={name}: reads pages from a block table"):
+        _lib.select(Problem.make(32, 8192, kernel_name=name.encode()))
+
+
+def test_plan_and_run_check_the_call_against_the_plan(L):
+    """mlagen_plan validates once; mlagen_run checks only the call's pointers (presence as planned,
+    alignment) before launching: these fail before any device work, so they run without a GPU."""
+    p = Problem.make(4, 1024)
+    plan = ctypes.c_void_p()
+    assert L.mlagen_plan(ctypes.byref(p), ctypes.byref(plan)) == _lib.OK
+    info, nbytes = _lib.KernelInfo(), ctypes.c_size_t()
+    assert L.mlagen_plan_info(plan, ctypes.byref(info), ctypes.byref(nbytes)) == _lib.OK
+    assert info.name.decode() == _lib.select(p)["name"] and nbytes.value == L.mlagen_workspace_bytes(ctypes.byref(p))
+    base = dict(q=0x1000, q_scale=0x7000, kv=0x2000, kv_scale=0x3000, qo_indptr=0x4000, kv_indptr=0x5000, out=0x6000,
+                workspace=0x10000)
+
+    def run(**kw):
+        a = _lib.Args(**dict(base, **kw))
+        st = L.mlagen_run(plan, ctypes.byref(a), None)
+        return st, L.mlagen_last_error().decode()
+
+    for kw, msg in [(dict(q=None), "q: NULL pointer, but the plan was made with it"),
+                    (dict(lse=0x7100), "lse: given, but the plan was made without it"),
+                    (dict(page_table=0x7100), "page_table: given, but the plan was made without it"),
+                    (dict(kv=0x2008), "kv: address .* not 16-byte aligned"),
+                    (dict(out=0x6004), "out: address .* not 16-byte aligned"),
+                    (dict(workspace=None), "workspace: NULL pointer"),
+                    (dict(workspace=0x10010), "workspace: expected 256-byte alignment")]:
+        st, err = run(**kw)
+        assert st != _lib.OK and re.search(msg, err), (kw, err)
+    L.mlagen_plan_destroy(plan)
+    bad = Problem.make(4, 1024, num_heads=8)
+    assert L.mlagen_plan(ctypes.byref(bad), ctypes.byref(plan)) == _lib.ERR_INVALID
+    assert "num_heads=8" in L.mlagen_last_error().decode()

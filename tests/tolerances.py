@@ -20,8 +20,8 @@ TOLERANCES = {
     #    significant bits, as a bf16 P); O accumulates in the wgmma's accumulators over all the
     #    tiles of a block (a split).
     #  Both end with the bf16 output rounding, which alone is 1.66e-3 rel-L2 (the float32
-    #  reference rounded to bf16: bench/row_errors.py fp8kv_fp8q_*, bench/results/row_errors_*.json).
-    # Measured on the H200 (bench/row_errors.py --kernels, 3 seeds a leaderboard shape,
+    #  reference rounded to bf16: bench/row_errors.py (removed with the probes; in git history) fp8kv_fp8q_*, bench/results/row_errors_*.json).
+    # Measured on the H200 (bench/row_errors.py (removed with the probes; in git history) --kernels, 3 seeds a leaderboard shape,
     # bench/results/row_errors_gpu_d36b2c6.json; bench/results/latest.json at 8fb04e9 and
     # docs/perf.md v3 "1.7-3.3e-3" agree): mma.sync 1.68e-3 (4x1024); warpgroup 1.71-1.93e-3
     # at up to 2048 tokens a block, 3.27-3.28e-3 at 256x8192 (one split: 8192 tokens a
@@ -78,7 +78,7 @@ TOLERANCES = {
 # check_output: `ok` = the task's check AND every row within ROW_REL_L2 of the a8w8 reference).
 # Why: the task's check (allclose .1/.1, <= 5% outside) passes an all-zero output at kv_len
 # 8192 (~1.5% of the elements outside); a row's relative error is 1.0 there, and 0.25 for a
-# head 25% off. Measured by bench/row_errors.py: the worst over (token, head) rows of
+# head 25% off. Measured by bench/row_errors.py (removed with the probes; in git history): the worst over (token, head) rows of
 # ||out - ref|| / ||ref|| against reference_a8w8, worst of 3 seeds a shape (the harness's
 # benchmark seeds and the next two). emu_*: torch emulation of what the kernels compute
 # (attention in float32 and in float64, identical to 3 digits, on bf16 q or the fp8 q and the

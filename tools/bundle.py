@@ -315,7 +315,7 @@ def inspect_library_static(path: str, arch: str, manifest: dict) -> dict:
     from that set's manifest, every kernel's symbol checked present."""
     with open(path, "rb") as f:
         raw = f.read()
-    for name in (b"mlagen_build_archs", b"mlagen_fingerprint", b"mlagen_check_device", b"mlagen_decode_ptrs",
+    for name in (b"mlagen_build_archs", b"mlagen_fingerprint", b"mlagen_check_device", b"mlagen_run",
                  b"mlagen_select"):
         if name not in raw:
             raise SystemExit(f"bundle: {path} does not export {name.decode()}")
@@ -344,7 +344,7 @@ def inspect_library(path: str, arch: str, manifest: dict) -> dict:
         getattr(L, name).restype = ctypes.c_char_p
         getattr(L, name).argtypes = []
     L.mlagen_num_kernels.restype, L.mlagen_num_kernels.argtypes = ctypes.c_int32, []
-    for name in ("mlagen_check_device", "mlagen_decode_ptrs", "mlagen_select"):
+    for name in ("mlagen_check_device", "mlagen_run", "mlagen_plan", "mlagen_select"):
         getattr(L, name)  # AttributeError if the ABI the binding needs is missing
     meta = {"arch": L.mlagen_build_archs().decode(), "fingerprint": L.mlagen_fingerprint().decode(),
             "num_kernels": int(L.mlagen_num_kernels())}

@@ -6,6 +6,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
+#include <new>
 
 #include "mlagen/internal.h"
 #include "mlagen/platform.h"
@@ -58,7 +59,8 @@ mlagen_status validate(const mlagen_problem* p) {
   MLAGEN_EXPECT(p->total_kv >= 0 && p->total_kv < (int64_t{1} << 31),
                 "total_kv=%lld: expected 0 <= total_kv < 2^31 (kv_indptr is int32)", (long long)p->total_kv);
   MLAGEN_EXPECT(p->kv_len >= 0, "kv_len=%d: expected >= 0 (0 = lengths differ, read from kv_indptr)", p->kv_len);
-  if (p->kv_len > 0)
+  const bool paged = p->page_size != 0;
+  if (p->kv_len > 0 && !paged)
     MLAGEN_EXPECT(p->total_kv == static_cast<int64_t>(p->batch) * p->kv_len,
                   "total_kv=%lld: expected batch*kv_len = %lld for uniform kv_len=%d", (long long)p->total_kv,
                   (long long)p->batch * p->kv_len, p->kv_len);
@@ -72,19 +74,6 @@ mlagen_status validate(const mlagen_problem* p) {
                 "kv_dtype=%d: expected bf16, fp8e4m3fn, fp8e4m3fnuz or mxfp4", p->kv_dtype);
   MLAGEN_EXPECT(p->q, "q: NULL pointer");
   MLAGEN_EXPECT(p->kv || p->total_kv == 0, "kv: NULL pointer");
-  const bool fp8_kv = p->kv_dtype == MLAGEN_DTYPE_FP8E4M3FN || p->kv_dtype == MLAGEN_DTYPE_FP8E4M3FNUZ;
-  if (fp8_kv) {
-    MLAGEN_EXPECT(p->kv_scale, "kv_scale: NULL pointer (fp8 KV: a device float32)");
-    MLAGEN_EXPECT(aligned(p->kv_scale, 4), "kv_scale: address %p not 4-byte aligned (a float32)", p->kv_scale);
-  }
-  if (p->kv_dtype == MLAGEN_DTYPE_MXFP4) {
-    MLAGEN_EXPECT(p->kv_scale, "kv_scale: NULL pointer (mxfp4 KV: the E8M0 scale rows)");
-    MLAGEN_EXPECT(aligned(p->kv_scale, 16), "kv_scale: address %p not 16-byte aligned (mxfp4 scale rows)",
-                  p->kv_scale);
-    MLAGEN_EXPECT(p->kv_scale_stride >= 18 && p->kv_scale_stride <= 32,
-                  "kv_scale_stride=%lld: expected 18..32 bytes between two tokens' mxfp4 scale rows (18 blocks of 32 "
-                  "dims; 24 when padded)", (long long)p->kv_scale_stride);
-  }
   MLAGEN_EXPECT(p->q_from_bf16 == 0 || p->q_from_bf16 == 1, "q_from_bf16=%d: expected 0 or 1", p->q_from_bf16);
   MLAGEN_EXPECT(!p->q_from_bf16 || p->q_dtype == MLAGEN_DTYPE_FP8,
                 "q_from_bf16=1: expected q_dtype fp8 (%d), the precision the bf16 q is quantized to", MLAGEN_DTYPE_FP8);
@@ -93,10 +82,54 @@ mlagen_status validate(const mlagen_problem* p) {
   if (p->q_from_bf16) MLAGEN_EXPECT(!p->q_scale, "q_scale: expected NULL with q_from_bf16=1 (the library finds it)");
   if (p->q_scale) MLAGEN_EXPECT(aligned(p->q_scale, 4), "q_scale: address %p not 4-byte aligned (a float32)", p->q_scale);
   MLAGEN_EXPECT(p->qo_indptr, "qo_indptr: NULL pointer");
-  MLAGEN_EXPECT(p->kv_indptr, "kv_indptr: NULL pointer");
   MLAGEN_EXPECT(p->out, "out: NULL pointer");
   MLAGEN_EXPECT(aligned(p->qo_indptr, 4), "qo_indptr: address %p not 4-byte aligned (int32)", p->qo_indptr);
   MLAGEN_EXPECT(aligned(p->kv_indptr, 4), "kv_indptr: address %p not 4-byte aligned (int32)", p->kv_indptr);
+  if (!paged) {
+    MLAGEN_EXPECT(p->kv_indptr, "kv_indptr: NULL pointer");
+    MLAGEN_EXPECT(!p->page_table && !p->kv_lens && !p->page_indptr && !p->last_page_len,
+                  "page_table / kv_lens / page_indptr / last_page_len: given with page_size=0 (contiguous rows); "
+                  "expected NULL, or page_size = the cache's page size");
+  } else {
+    MLAGEN_EXPECT(p->page_size >= 1 && p->page_size <= 256 && (p->page_size & (p->page_size - 1)) == 0,
+                  "page_size=%d: expected a power of two 1..256 (or 0: contiguous rows)", p->page_size);
+    MLAGEN_EXPECT(p->page_table, "page_table: NULL pointer (page_size=%d: the block table or kv_indices)", p->page_size);
+    MLAGEN_EXPECT(aligned(p->page_table, 4), "page_table: address %p not 4-byte aligned (int32)", p->page_table);
+    MLAGEN_EXPECT(p->page_table_len >= 1 && p->page_table_len < (int64_t{1} << 31),
+                  "page_table_len=%lld: expected 1 <= entries < 2^31", (long long)p->page_table_len);
+    MLAGEN_EXPECT(p->total_kv % p->page_size == 0,
+                  "total_kv=%lld: expected a multiple of page_size=%d (the cache's rows: num_pages * page_size)",
+                  (long long)p->total_kv, p->page_size);
+    if (p->page_indptr) {  // FlashInfer's form
+      MLAGEN_EXPECT(aligned(p->page_indptr, 4), "page_indptr: address %p not 4-byte aligned (int32)", p->page_indptr);
+      MLAGEN_EXPECT(p->last_page_len, "last_page_len: NULL pointer (the indices form: rows in each last page)");
+      MLAGEN_EXPECT(aligned(p->last_page_len, 4), "last_page_len: address %p not 4-byte aligned (int32)", p->last_page_len);
+      MLAGEN_EXPECT(!p->kv_lens, "kv_lens: given with page_indptr; expected NULL (the indices form's lengths are "
+                                 "last_page_len and the page counts)");
+    } else {  // block table
+      MLAGEN_EXPECT(!p->last_page_len, "last_page_len: given without page_indptr; expected NULL for a block table");
+      MLAGEN_EXPECT(p->kv_lens || p->kv_indptr, "kv_lens: NULL pointer (a block table needs kv_lens or kv_indptr)");
+      MLAGEN_EXPECT(aligned(p->kv_lens, 4), "kv_lens: address %p not 4-byte aligned (int32)", p->kv_lens);
+      MLAGEN_EXPECT(p->page_table_width >= 1, "page_table_width=%d: expected >= 1 (pages a sequence may use)",
+                    p->page_table_width);
+      MLAGEN_EXPECT(p->page_table_stride >= p->page_table_width,
+                    "page_table_stride=%lld: expected >= page_table_width=%d", (long long)p->page_table_stride,
+                    p->page_table_width);
+      MLAGEN_EXPECT(p->page_table_len >= (p->batch - 1) * p->page_table_stride + p->page_table_width,
+                    "page_table_len=%lld: expected >= (batch-1)*page_table_stride + page_table_width = %lld",
+                    (long long)p->page_table_len,
+                    (long long)((p->batch - 1) * p->page_table_stride + p->page_table_width));
+      if (p->kv_len > 0)
+        MLAGEN_EXPECT(static_cast<int64_t>(p->page_table_width) * p->page_size >= p->kv_len,
+                      "page_table_width=%d: expected >= %d pages (kv_len=%d in pages of %d)", p->page_table_width,
+                      (p->kv_len + p->page_size - 1) / p->page_size, p->kv_len, p->page_size);
+    }
+  }
+  if (p->lse) {
+    MLAGEN_EXPECT(aligned(p->lse, 4), "lse: address %p not 4-byte aligned (float32)", p->lse);
+    MLAGEN_EXPECT(p->lse_stride_token >= p->num_heads, "lse_stride_token=%lld: expected >= num_heads=%d",
+                  (long long)p->lse_stride_token, p->num_heads);
+  }
   // Layout: the kernels read q in 4-byte (fp8) / 8-byte (bf16) pieces, kv rows and out in
   // 16-byte pieces.
   const int q_align = p->q_dtype == MLAGEN_DTYPE_FP8 && !p->q_from_bf16 ? 4 : 8;
@@ -112,15 +145,8 @@ mlagen_status validate(const mlagen_problem* p) {
   MLAGEN_EXPECT(p->q_stride_token >= 1 && p->q_stride_token % 4 == 0,
                 "q_stride_token=%lld: expected a positive multiple of 4 elements", (long long)p->q_stride_token);
   MLAGEN_EXPECT(aligned(p->kv, 16), "kv: address %p not 16-byte aligned", p->kv);
-  // A row's elements and the stride unit: fp8 576 bytes; bf16 576 elements of 2 bytes
-  // (16-byte rows: a multiple of 8); mxfp4 288 bytes.
-  const int64_t row = p->kv_dtype == MLAGEN_DTYPE_MXFP4 ? 288 : 576;
-  const int64_t unit = p->kv_dtype == MLAGEN_DTYPE_BF16 ? 8 : 16;
-  MLAGEN_EXPECT(p->kv_stride_token >= row && p->kv_stride_token % unit == 0,
-                "kv_stride_token=%lld: expected a multiple of %lld that is >= %lld (%s: one row per token, dims "
-                "contiguous)", (long long)p->kv_stride_token, (long long)unit, (long long)row, dtype_name(p->kv_dtype));
   // kernels step 64 rows of a tile with 32-bit offsets (mla_decode_sm90_wgmma.cuh)
-  MLAGEN_EXPECT(p->kv_stride_token <= (int64_t{1} << 24), "kv_stride_token=%lld: expected at most %lld elements",
+  MLAGEN_EXPECT(p->kv_stride_token >= 1 && p->kv_stride_token <= (int64_t{1} << 24), "kv_stride_token=%lld: expected at most %lld elements",
                 (long long)p->kv_stride_token, (long long)(int64_t{1} << 24));
   MLAGEN_EXPECT(aligned(p->out, 16), "out: address %p not 16-byte aligned", p->out);
   MLAGEN_EXPECT(p->out_stride_head >= p->v_dim && p->out_stride_head % 8 == 0,
@@ -130,6 +156,33 @@ mlagen_status validate(const mlagen_problem* p) {
                      (p->out_stride_token >= p->v_dim && p->out_stride_head >= p->out_stride_token * p->total_q)),
                 "out_stride_token=%lld: expected a multiple of 8 that keeps rows apart (>= 16*out_stride_head)",
                 (long long)p->out_stride_token);
+#undef MLAGEN_EXPECT
+  return MLAGEN_OK;
+}
+
+// What the chosen kernel's registry row says the KV must look like: the row's bytes and the
+// stride unit, and its scale (generated from the spec: codegen/spec.py row_bytes, scale_kind).
+mlagen_status check_kv(const mlagen_problem* p, const KernelEntry& e) {
+#define MLAGEN_EXPECT(cond, ...) \
+  do {                           \
+    if (!(cond)) return fail(MLAGEN_ERR_INVALID, __VA_ARGS__); \
+  } while (0)
+  const int64_t row = e.row_bytes / e.stride_unit, unit = 16 / e.stride_unit;  // in stride units; 16-byte pieces
+  MLAGEN_EXPECT(p->kv_stride_token >= row && p->kv_stride_token % unit == 0,
+                "kv_stride_token=%lld: expected a multiple of %lld that is >= %lld (%s: one row per token, dims "
+                "contiguous)", (long long)p->kv_stride_token, (long long)unit, (long long)row, dtype_name(p->kv_dtype));
+  if (e.scale_kind == 1) {
+    MLAGEN_EXPECT(p->kv_scale, "kv_scale: NULL pointer (fp8 KV: a device float32)");
+    MLAGEN_EXPECT(aligned(p->kv_scale, 4), "kv_scale: address %p not 4-byte aligned (a float32)", p->kv_scale);
+  }
+  if (e.scale_kind == 2) {
+    MLAGEN_EXPECT(p->kv_scale, "kv_scale: NULL pointer (mxfp4 KV: the E8M0 scale rows)");
+    MLAGEN_EXPECT(aligned(p->kv_scale, 16), "kv_scale: address %p not 16-byte aligned (mxfp4 scale rows)",
+                  p->kv_scale);
+    MLAGEN_EXPECT(p->kv_scale_stride >= 18 && p->kv_scale_stride <= 32,
+                  "kv_scale_stride=%lld: expected 18..32 bytes between two tokens' mxfp4 scale rows (18 blocks of 32 "
+                  "dims; 24 when padded)", (long long)p->kv_scale_stride);
+  }
 #undef MLAGEN_EXPECT
   return MLAGEN_OK;
 }
@@ -155,7 +208,7 @@ int generic_splits(const mlagen_problem* p, const KernelEntry& e) {
 }
 
 // Exact key, else the generic kernel of the dtypes; never a kernel of another key.
-mlagen_status choose(const mlagen_problem* p, const KernelEntry** entry, int* splits) {
+mlagen_status choose_entry(const mlagen_problem* p, const KernelEntry** entry, int* splits) {
   mlagen_status st = validate(p);
   if (st != MLAGEN_OK) return st;
   if (p->kernel_name) {  // an explicit kernel: it must be able to serve this problem
@@ -165,6 +218,10 @@ mlagen_status choose(const mlagen_problem* p, const KernelEntry** entry, int* sp
       if (e.q_dtype != p->q_dtype || e.kv_dtype != p->kv_dtype)
         return fail(MLAGEN_ERR_INVALID, "kernel_name=%s: takes q_dtype=%s kv_dtype=%s, the problem has %s/%s", e.name,
                     dtype_name(e.q_dtype), dtype_name(e.kv_dtype), dtype_name(p->q_dtype), dtype_name(p->kv_dtype));
+      if (e.role == 0 && (e.page_size != p->page_size || (p->page_indptr && e.page_size)))
+        return fail(MLAGEN_ERR_INVALID, "kernel_name=%s: reads %s, the problem has page_size=%d%s", e.name,
+                    e.page_size ? "pages from a block table" : "contiguous rows", p->page_size,
+                    p->page_indptr ? " (indices form)" : "");
       if (e.role == 0 && (e.batch != p->batch || e.kv_len != p->kv_len))
         return fail(MLAGEN_ERR_INVALID, "kernel_name=%s: serves batch=%d kv_len=%d only, the problem has batch=%d kv_len=%d",
                     e.name, e.batch, e.kv_len, p->batch, p->kv_len);
@@ -182,7 +239,8 @@ mlagen_status choose(const mlagen_problem* p, const KernelEntry** entry, int* sp
     for (size_t i = 0; i < num_entries(); ++i) {
       const KernelEntry& e = kKernelTable[i];
       if (e.role == 0 && e.batch == p->batch && e.kv_len == p->kv_len && e.q_dtype == p->q_dtype && e.kv_dtype == p->kv_dtype &&
-          e.num_heads == p->num_heads && e.q_len == p->q_len && !std::strcmp(e.arch, MLAGEN_BUILD_ARCH) &&
+          e.num_heads == p->num_heads && e.q_len == p->q_len && e.page_size == p->page_size &&
+          !(p->page_indptr && e.page_size) && !std::strcmp(e.arch, MLAGEN_BUILD_ARCH) &&
           (p->splits == 0 || p->splits == e.splits)) {
         *entry = &e;
         *splits = e.splits;
@@ -202,6 +260,11 @@ mlagen_status choose(const mlagen_problem* p, const KernelEntry** entry, int* sp
   return MLAGEN_OK;
 }
 
+mlagen_status choose(const mlagen_problem* p, const KernelEntry** entry, int* splits) {
+  const mlagen_status st = choose_entry(p, entry, splits);
+  return st != MLAGEN_OK ? st : check_kv(p, **entry);
+}
+
 void fill_info(const KernelEntry& e, int splits, mlagen_kernel_info* info) {
   if (!info) return;
   info->name = e.name;
@@ -214,6 +277,7 @@ void fill_info(const KernelEntry& e, int splits, mlagen_kernel_info* info) {
   info->q_dtype = e.q_dtype;
   info->kv_dtype = e.kv_dtype;
   info->role = e.role;
+  info->page_size = e.page_size;
 }
 }  // namespace
 
@@ -225,6 +289,33 @@ mlagen_status fail(mlagen_status status, const char* fmt, ...) {
   return status;
 }
 
+}  // namespace mlagen
+
+// A validated problem with its kernel (mlagen.h).
+struct mlagen_plan_s {
+  mlagen_problem problem;
+  const mlagen::KernelEntry* entry;
+  int splits;
+  size_t workspace_bytes;
+  size_t q_align;
+};
+
+namespace mlagen {
+namespace {
+mlagen_status make_plan(const mlagen_problem* p, mlagen_plan_s* plan) {
+  const KernelEntry* e = nullptr;
+  int splits = 0;
+  const mlagen_status st = choose(p, &e, &splits);
+  if (st != MLAGEN_OK) return st;
+  plan->problem = *p;
+  plan->problem.kernel_name = nullptr;  // not kept: the caller's string may go
+  plan->entry = e;
+  plan->splits = splits;
+  plan->workspace_bytes = workspace_layout(p->batch, splits).bytes;
+  plan->q_align = p->q_from_bf16 ? 16 : (p->q_dtype == MLAGEN_DTYPE_FP8 ? 4 : 8);
+  return MLAGEN_OK;
+}
+}  // namespace
 }  // namespace mlagen
 
 using namespace mlagen;
@@ -261,48 +352,105 @@ size_t mlagen_workspace_bytes(const mlagen_problem* p) {
 }
 
 mlagen_status mlagen_decode(const mlagen_problem* p, mlagen_kernel_info* ran, void* stream) {
-  const KernelEntry* e = nullptr;
-  int splits = 0;
-  mlagen_status st = choose(p, &e, &splits);
+  mlagen_plan_s plan;
+  mlagen_status st = make_plan(p, &plan);
   if (st != MLAGEN_OK) return st;
-  const size_t need = workspace_layout(p->batch, splits).bytes;
-  if (!p->workspace || p->workspace_bytes < need)
+  const mlagen_args a{p->q, p->q_scale, p->kv, p->kv_scale, p->qo_indptr, p->kv_indptr, p->page_table, p->kv_lens,
+                      p->page_indptr, p->last_page_len, p->out, p->lse, p->workspace};
+  if (!p->workspace || p->workspace_bytes < plan.workspace_bytes)
     return fail(MLAGEN_ERR_WORKSPACE, "workspace: %zu bytes at %p, expected >= %zu bytes (mlagen_workspace_bytes)",
-                p->workspace_bytes, p->workspace, need);
-  if (!aligned(p->workspace, 256)) return fail(MLAGEN_ERR_WORKSPACE, "workspace: expected 256-byte alignment");
-  int caller = -1;
-  if (p->device >= 0) {  // launch on the pointers' device, then give the caller's back
-    hipError_t de = hipGetDevice(&caller);
-    if (de == hipSuccess && caller != p->device) {
-      int count = 0;  // (setting a device that does not exist can succeed and fail the launch after it)
-      de = hipGetDeviceCount(&count);
-      if (de == hipSuccess && p->device >= count)
-        return fail(MLAGEN_ERR_DEVICE, "device=%d: cannot make it current: this process sees %d device(s)", p->device,
-                    count);
-      if (de == hipSuccess) de = hipSetDevice(p->device);
-    }
-    if (de != hipSuccess) return fail(MLAGEN_ERR_DEVICE, "device=%d: cannot make it current: %s", p->device, hipGetErrorString(de));
-    if (caller == p->device) caller = -1;
-  }
-  st = e->fn(p, splits, stream);
-  if (caller >= 0) (void)hipSetDevice(caller);  // best effort: the launch result is what matters
-  if (st == MLAGEN_OK) fill_info(*e, splits, ran);
+                p->workspace_bytes, p->workspace, plan.workspace_bytes);
+  st = mlagen_run(&plan, &a, stream);
+  if (st == MLAGEN_OK) fill_info(*plan.entry, plan.splits, ran);
   return st;
 }
 
-mlagen_status mlagen_decode_ptrs(const mlagen_problem* tmpl, const void* q, const float* q_scale, const void* kv,
-                                 const void* kv_scale, const int32_t* qo_indptr, const int32_t* kv_indptr, void* out,
-                                 void* stream) {
-  if (!tmpl) return fail(MLAGEN_ERR_INVALID, "problem: NULL pointer");
-  mlagen_problem p = *tmpl;
-  p.q = q;
-  p.q_scale = q_scale;
-  p.kv = kv;
-  p.kv_scale = kv_scale;
-  p.qo_indptr = qo_indptr;
-  p.kv_indptr = kv_indptr;
-  p.out = out;
-  return mlagen_decode(&p, nullptr, stream);
+mlagen_status mlagen_plan(const mlagen_problem* p, mlagen_plan_t** out) {
+  if (!out) return fail(MLAGEN_ERR_INVALID, "plan: NULL pointer (where the plan goes)");
+  *out = nullptr;
+  auto* plan = new (std::nothrow) mlagen_plan_s;
+  if (!plan) return fail(MLAGEN_ERR_INVALID, "plan: out of host memory");
+  const mlagen_status st = make_plan(p, plan);
+  if (st != MLAGEN_OK) {
+    delete plan;
+    return st;
+  }
+  *out = plan;
+  return MLAGEN_OK;
+}
+
+void mlagen_plan_destroy(mlagen_plan_t* plan) { delete plan; }
+
+mlagen_status mlagen_plan_info(const mlagen_plan_t* plan, mlagen_kernel_info* info, size_t* workspace_bytes) {
+  if (!plan) return fail(MLAGEN_ERR_INVALID, "plan: NULL pointer");
+  fill_info(*plan->entry, plan->splits, info);
+  if (workspace_bytes) *workspace_bytes = plan->workspace_bytes;
+  return MLAGEN_OK;
+}
+
+mlagen_status mlagen_run(const mlagen_plan_t* plan, const mlagen_args* a, void* stream) {
+  if (!plan) return fail(MLAGEN_ERR_INVALID, "plan: NULL pointer");
+  if (!a) return fail(MLAGEN_ERR_INVALID, "args: NULL pointer");
+  mlagen_problem p = plan->problem;
+  // what the plan was made with is what every call passes: the same pointers present, each
+  // aligned as the plan's was checked
+  struct Ptr {
+    const char* name;
+    const void* now;
+    const void* planned;
+    size_t align;
+  };
+  const Ptr ptrs[] = {{"q", a->q, p.q, plan->q_align},
+                      {"q_scale", a->q_scale, p.q_scale, 4},
+                      {"kv", a->kv, p.kv, 16},
+                      {"kv_scale", a->kv_scale, p.kv_scale, p.kv_dtype == MLAGEN_DTYPE_MXFP4 ? 16u : 4u},
+                      {"qo_indptr", a->qo_indptr, p.qo_indptr, 4},
+                      {"kv_indptr", a->kv_indptr, p.kv_indptr, 4},
+                      {"page_table", a->page_table, p.page_table, 4},
+                      {"kv_lens", a->kv_lens, p.kv_lens, 4},
+                      {"page_indptr", a->page_indptr, p.page_indptr, 4},
+                      {"last_page_len", a->last_page_len, p.last_page_len, 4},
+                      {"out", a->out, p.out, 16},
+                      {"lse", a->lse, p.lse, 4}};
+  for (const Ptr& x : ptrs) {
+    if (!x.now != !x.planned)
+      return fail(MLAGEN_ERR_INVALID, "%s: %s, but the plan was made %s it", x.name, x.now ? "given" : "NULL pointer",
+                  x.planned ? "with" : "without");
+    if (!aligned(x.now, x.align)) return fail(MLAGEN_ERR_INVALID, "%s: address %p not %zu-byte aligned", x.name, x.now, x.align);
+  }
+  if (!a->workspace) return fail(MLAGEN_ERR_WORKSPACE, "workspace: NULL pointer (expected >= %zu bytes)", plan->workspace_bytes);
+  if (!aligned(a->workspace, 256)) return fail(MLAGEN_ERR_WORKSPACE, "workspace: expected 256-byte alignment");
+  p.q = a->q;
+  p.q_scale = a->q_scale;
+  p.kv = a->kv;
+  p.kv_scale = a->kv_scale;
+  p.qo_indptr = a->qo_indptr;
+  p.kv_indptr = a->kv_indptr;
+  p.page_table = a->page_table;
+  p.kv_lens = a->kv_lens;
+  p.page_indptr = a->page_indptr;
+  p.last_page_len = a->last_page_len;
+  p.out = a->out;
+  p.lse = a->lse;
+  p.workspace = a->workspace;
+  p.workspace_bytes = plan->workspace_bytes;
+  int caller = -1;
+  if (p.device >= 0) {  // launch on the pointers' device, then give the caller's back
+    hipError_t de = hipGetDevice(&caller);
+    if (de == hipSuccess && caller != p.device) {
+      int count = 0;  // (setting a device that does not exist can succeed and fail the launch after it)
+      de = hipGetDeviceCount(&count);
+      if (de == hipSuccess && p.device >= count)
+        return fail(MLAGEN_ERR_DEVICE, "device=%d: cannot make it current: this process sees %d device(s)", p.device,
+                    count);
+      if (de == hipSuccess) de = hipSetDevice(p.device);
+    }
+    if (de != hipSuccess) return fail(MLAGEN_ERR_DEVICE, "device=%d: cannot make it current: %s", p.device, hipGetErrorString(de));
+    if (caller == p.device) caller = -1;
+  }
+  const mlagen_status st = plan->entry->fn(&p, plan->splits, stream);
+  if (caller >= 0) (void)hipSetDevice(caller);  // best effort: the launch result is what matters
+  return st;
 }
 
 mlagen_status mlagen_take_device_errors(void* workspace, void* stream, uint32_t* errors) {
@@ -315,9 +463,11 @@ mlagen_status mlagen_take_device_errors(void* workspace, void* stream, uint32_t*
   if (e != hipSuccess) return fail(MLAGEN_ERR_DEVICE, "reading the device error word: %s", hipGetErrorString(e));
   *errors = host;
   if (host)
-    return fail(MLAGEN_ERR_INPUT_DATA, "device-side input check failed (0x%x):%s%s", host,
+    return fail(MLAGEN_ERR_INPUT_DATA, "device-side input check failed (0x%x):%s%s%s", host,
                 (host & MLAGEN_DEVERR_KV_INDPTR) ? " kv_indptr disagrees with total_kv / kv_len;" : "",
-                (host & MLAGEN_DEVERR_QO_INDPTR) ? " qo_indptr is not [0, 1, ..., batch] within total_q;" : "");
+                (host & MLAGEN_DEVERR_QO_INDPTR) ? " qo_indptr is not [0, 1, ..., batch] within total_q;" : "",
+                (host & MLAGEN_DEVERR_PAGE_TABLE) ? " page_table holds a page id outside [0, num_pages) or a page "
+                                                    "list / length that does not fit it;" : "");
   return MLAGEN_OK;
 }
 

@@ -67,11 +67,28 @@ struct EmuWave {
 struct EmuBlock {
   std::barrier<>* bar = nullptr;
   EmuWave wave[8];
+  uint32_t any[3] = {0u, 0u, 0u};  // __syncthreads_or's words (see there)
 };
 inline EmuBlock* emu_block = nullptr;
 inline thread_local int emu_lane = 0, emu_wave = 0;
+inline thread_local unsigned emu_or_calls = 0;  // this thread's __syncthreads_or calls (threads are per block)
 
 inline void __syncthreads() { emu_block->bar->arrive_and_wait(); }
+
+// A block barrier that returns whether any thread's predicate was nonzero. One barrier a call,
+// three words in rotation: call k ORs into word k % 3, and thread 0 clears word (k + 1) % 3
+// (call k + 1's) before the barrier. That word was last read in call k - 2, by threads that
+// all arrived at call k - 1's barrier since, which thread 0 has passed; and call k + 1's ORs
+// come after this call's barrier, so after the clear. (Two words would let a fast thread OR
+// into the next call's word before a slow thread 0 cleared it, or clear it under a reader.)
+inline int __syncthreads_or(int predicate) {
+  EmuBlock& b = *emu_block;
+  const unsigned k = emu_or_calls++;
+  if (predicate) __atomic_fetch_or(&b.any[k % 3], 1u, __ATOMIC_SEQ_CST);
+  if (threadIdx.x == 0) __atomic_store_n(&b.any[(k + 1) % 3], 0u, __ATOMIC_SEQ_CST);
+  b.bar->arrive_and_wait();
+  return static_cast<int>(__atomic_load_n(&b.any[k % 3], __ATOMIC_SEQ_CST));
+}
 
 template <class T>
 T __shfl_xor(T v, int mask) {

@@ -2,13 +2,17 @@
 // CPU through emu_hip.h and compares with a float64 attention on the same (dequantized)
 // inputs, for every KV format the gfx9 kernel implements: fp8 (the arch's flavour, per-tensor
 // scale), bf16 and mxfp4 (E2M1 + E8M0 scales, row strides 18 and 24), with bf16 or fp8 q.
+// KV rows contiguous or paged (block table or FlashInfer's page indptr form, pages in random
+// order, a page shared by two sequences); every case checks the LSE too, and flagged sequences
+// (bad indptr, a page id outside the cache) must come out NaN, alone, with the error bit.
 // Built and run by tests/test_amd_emulation.py for gfx950 (-D__gfx950__) and gfx942.
 // The KV tensor and the mxfp4 scale tensor end at a PROT_NONE page: a kernel that reads
-// past either (the scale window's last, partial chunk included) crashes the run.
+// past either (the scale window's last, partial chunk included, or a bad page) crashes the run.
 // Prints one line a case; exit status 1 if any case is off.
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -120,20 +124,95 @@ struct Format {
   int scale_stride;  // mxfp4: bytes between two tokens' scale rows (18 = unpadded)
 };
 
-// Shape: DynamicShape (lengths from kv_indptr) or a StaticShape<batch, kv_len, splits>.
-// corrupt: shift one kv_indptr entry so the kernel's device-side check must flag it (NaN rows).
+// One case: sequence lengths, splits and where the KV rows live.
+struct Case {
+  const char* name;
+  std::vector<int> lens;
+  int splits;
+  uint32_t seed;
+  bool corrupt = false;  // shift one kv_indptr entry: the kernel's device-side check must flag it (NaN rows)
+  float q_mul = 1.f;     // q drawn times this (3e5: |q| past f16's 65504, which a bf16 q holds)
+  int row_pad = 0;       // bytes between KV rows beyond the row itself (a strided KV view)
+  int page = 0;          // 0: contiguous rows at kv_indptr; else pages of this many rows, in random order
+  enum Form { kTableLens, kTableIndptr, kFlashInfer } form = kTableLens;  // paged: how the page lists come
+  int bad_page_seq = -1;  // paged: this sequence's middle page id is num_pages (outside the cache)
+};
+
+// Where logical token t of sequence b lives (row[b][t] of the cache; -1 = the bad page) and the
+// page lists the kernel reads. Paged: every page of a sequence is a distinct random page of the
+// cache, except that sequence 1's first page is sequence 0's (prefix sharing), and the cache
+// holds 3 pages no sequence uses. Block-table entries past a sequence's pages hold garbage.
+struct KvLayout {
+  int64_t num_rows = 0;
+  std::vector<std::vector<int64_t>> row;
+  std::vector<int32_t> table, page_indptr, last_page_len, kv_lens;
+  int64_t table_stride = 0, num_pages = 0;
+  int width = 0, shift = 0;
+};
+static KvLayout make_layout(const Case& c, const std::vector<int32_t>& kv_indptr, std::mt19937& rng) {
+  const int batch = static_cast<int>(c.lens.size());
+  KvLayout L;
+  L.row.resize(batch);
+  if (c.page == 0) {
+    L.num_rows = kv_indptr[batch];
+    for (int b = 0; b < batch; ++b)
+      for (int t = 0; t < c.lens[b]; ++t) L.row[b].push_back(kv_indptr[b] + t);
+    return L;
+  }
+  const int P = c.page;
+  while ((1 << L.shift) < P) ++L.shift;
+  std::vector<int> npages(batch);
+  int distinct = 0;
+  for (int b = 0; b < batch; ++b) npages[b] = (c.lens[b] + P - 1) / P, distinct += npages[b];
+  const bool share = batch >= 2 && npages[0] > 0 && npages[1] > 0;
+  distinct -= share;
+  L.num_pages = distinct + 3;
+  L.num_rows = L.num_pages * P;
+  std::vector<int32_t> perm(L.num_pages);
+  for (int k = 0; k < L.num_pages; ++k) perm[k] = k;
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<std::vector<int32_t>> pages(batch);
+  int next = 0;
+  for (int b = 0; b < batch; ++b)
+    for (int k = 0; k < npages[b]; ++k) pages[b].push_back(b == 1 && k == 0 && share ? pages[0][0] : perm[next++]);
+  if (c.bad_page_seq >= 0) pages[c.bad_page_seq][npages[c.bad_page_seq] / 2] = static_cast<int32_t>(L.num_pages);
+  for (int b = 0; b < batch; ++b) {
+    for (int t = 0; t < c.lens[b]; ++t) {
+      const int32_t pg = pages[b][t / P];
+      L.row[b].push_back(pg < L.num_pages ? static_cast<int64_t>(pg) * P + t % P : -1);
+    }
+    L.kv_lens.push_back(c.lens[b]);
+    L.width = std::max(L.width, npages[b] + 1);
+  }
+  if (c.form == Case::kFlashInfer) {
+    L.page_indptr.push_back(0);
+    for (int b = 0; b < batch; ++b) {
+      L.table.insert(L.table.end(), pages[b].begin(), pages[b].end());
+      L.page_indptr.push_back(static_cast<int32_t>(L.table.size()));
+      L.last_page_len.push_back(npages[b] ? c.lens[b] - (npages[b] - 1) * P : 0);
+    }
+  } else {
+    L.table_stride = L.width + 2;
+    L.table.assign(static_cast<size_t>(batch) * L.table_stride, -12345);  // garbage past each list
+    for (int b = 0; b < batch; ++b) std::copy(pages[b].begin(), pages[b].end(), L.table.begin() + b * L.table_stride);
+  }
+  return L;
+}
+
+// Shape: DynamicShape (lengths from kv_indptr or the page lists) or a StaticShape<batch, kv_len,
+// splits, page>. Every case also asks for the LSE (at a padded row stride, the padding checked
+// untouched) and checks it against ln sum_t exp(s_t) in float64.
 template <KvFormat KF, QFormat QF, class Shape>
-// q_mul: q drawn times this (3e5: |q| past f16's 65504, which a bf16 q holds).
-// row_pad: bytes between KV rows beyond the row itself (a strided KV view).
-static bool run_case(const Format& fmt, const char* name, const std::vector<int>& lens, int splits, uint32_t seed,
-                     bool corrupt = false, float q_mul = 1.f, int row_pad = 0) {
-  const int batch = static_cast<int>(lens.size());
+static bool run_case(const Format& fmt, const Case& c) {
+  const std::vector<int>& lens = c.lens;
+  const int batch = static_cast<int>(lens.size()), splits = c.splits;
   std::vector<int32_t> kv_indptr(batch + 1, 0), qo_indptr(batch + 1);
   for (int b = 0; b < batch; ++b) kv_indptr[b + 1] = kv_indptr[b] + lens[b];
   for (int b = 0; b <= batch; ++b) qo_indptr[b] = b;
-  const int total = kv_indptr[batch];
-  if (corrupt) kv_indptr[1] += 3;
-  std::mt19937 rng(seed);
+  std::mt19937 rng(c.seed);
+  const KvLayout L = make_layout(c, kv_indptr, rng);
+  const int64_t total = L.num_rows;  // rows of the cache
+  if (c.corrupt) kv_indptr[1] += 3;
   std::normal_distribution<float> normal;
 
   // q: bf16, or fp8 codes with a per-tensor scale; qd = the values the kernel sees
@@ -145,7 +224,7 @@ static bool run_case(const Format& fmt, const char* name, const std::vector<int>
   {
     std::vector<float> x(nq);
     float amax = 0.f;
-    for (auto& v : x) v = q_mul * normal(rng), amax = std::max(amax, std::fabs(v));
+    for (auto& v : x) v = c.q_mul * normal(rng), amax = std::max(amax, std::fabs(v));
     q_scale = amax / kHostFp8Max;
     for (size_t e = 0; e < nq; ++e) {
       if constexpr (QF == QFormat::kFp8) {
@@ -159,23 +238,23 @@ static bool run_case(const Format& fmt, const char* name, const std::vector<int>
   }
 
   // KV rows and, for mxfp4, the scale rows; kvd = the dequantized [total][576] values
-  const int kRowBytes = KvTraits<KF>::kRowDataBytes + row_pad;
+  const int kRowBytes = KvTraits<KF>::kRowDataBytes + c.row_pad;
   GuardedBuffer kv(static_cast<size_t>(total) * kRowBytes);
   const int sstride = fmt.scale_stride;
   // mxfp4 scales: a (total, 18) view with row stride sstride; its last row ends after 18 bytes
   GuardedBuffer scales(KF == KvFormat::kMxfp4 && total > 0 ? static_cast<size_t>(total - 1) * sstride + kMxBlocks : 0);
   std::vector<double> kvd(static_cast<size_t>(total) * kQkDim);
   const float kv_scale = 0.02f;
-  for (int t = 0; t < total; ++t) {
+  for (int64_t t = 0; t < total; ++t) {
     uint8_t* row = kv.data() + static_cast<size_t>(t) * kRowBytes;
     double* out = &kvd[static_cast<size_t>(t) * kQkDim];
     if constexpr (KF == KvFormat::kFp8) {
       for (int d = 0; d < kQkDim; ++d) {
-        uint8_t c;
-        do c = static_cast<uint8_t>(rng() & 0xff);
-        while (fp8_is_nan(c) || (c & 0x78) == 0x78);  // |value| <= 240 keeps S sane
-        row[d] = c;
-        out[d] = static_cast<double>(emu_fp8_decode(c)) * kv_scale;
+        uint8_t code;
+        do code = static_cast<uint8_t>(rng() & 0xff);
+        while (fp8_is_nan(code) || (code & 0x78) == 0x78);  // |value| <= 240 keeps S sane
+        row[d] = code;
+        out[d] = static_cast<double>(emu_fp8_decode(code)) * kv_scale;
       }
     } else if constexpr (KF == KvFormat::kBf16) {
       for (int d = 0; d < kQkDim; ++d) {
@@ -196,6 +275,9 @@ static bool run_case(const Format& fmt, const char* name, const std::vector<int>
   std::vector<uint16_t> out(static_cast<size_t>(batch) * kHeads * kVDim, 0xffff);  // poison (NaN)
   std::vector<float2> part_ml(static_cast<size_t>(batch) * splits * kHeads);
   std::vector<float> part_o(static_cast<size_t>(batch) * splits * kHeads * kVDim, NAN);
+  constexpr int kLseStride = kHeads + 3;  // padded: the 3 floats after each row's 16 must stay untouched
+  constexpr float kLsePoison = 12345.f;
+  std::vector<float> lse(static_cast<size_t>(batch) * kLseStride, kLsePoison);
   uint32_t errors = 0;
   const float sm_scale = 1.f / 24.f;
 
@@ -210,6 +292,14 @@ static bool run_case(const Format& fmt, const char* name, const std::vector<int>
   p.qo_indptr = qo_indptr.data(); p.kv_indptr = kv_indptr.data();
   p.out = out.data(); p.out_stride_token = kHeads * kVDim; p.out_stride_head = kVDim;
   p.part_ml = part_ml.data(); p.part_o = part_o.data(); p.errors = &errors;
+  p.lse = lse.data(); p.lse_stride_token = kLseStride;
+  if (c.page) {
+    p.page_table = L.table.data(); p.page_table_len = static_cast<int64_t>(L.table.size());
+    p.page_table_stride = L.table_stride; p.page_table_width = L.width;
+    p.page_shift = L.shift; p.num_pages = L.num_pages;
+    p.kv_lens = c.form == Case::kTableLens ? L.kv_lens.data() : nullptr;
+    if (c.form == Case::kFlashInfer) p.page_indptr = L.page_indptr.data(), p.last_page_len = L.last_page_len.data();
+  }
   p.batch = batch; p.splits = splits; p.total_q = batch; p.total_kv = total; p.sm_scale = sm_scale;
 
   std::vector<uint32_t> counters(batch, 0u);  // zeroed once, as the workspace is
@@ -222,24 +312,29 @@ static bool run_case(const Format& fmt, const char* name, const std::vector<int>
   launch(mla_decode_kernel<T, Shape>, splits, batch, T::kThreads, p);
   if (splits > 1 && !FusedCombine<T>::value) launch(mla_combine_kernel<T, Shape>, batch * kHeads, 1, 128, p);
   bool counters_reset = true;  // the merging block leaves every counter at 0 for the next call
-  for (uint32_t c : counters) counters_reset &= c == 0u;
+  for (uint32_t v : counters) counters_reset &= v == 0u;
   constexpr bool kNativeFp8 = T::kNative;
-  if (corrupt) {  // sequences 0 and 1 are flagged: NaN there, the error word set
-    bool nan01 = true;
-    for (int b = 0; b < 2; ++b)
-      for (int e = 0; e < kHeads * kVDim; ++e)
-        nan01 &= std::isnan(from_bf16(out[static_cast<size_t>(b) * kHeads * kVDim + e]));
-    const bool ok = nan01 && (errors & 1u) && counters_reset;
-    std::printf("%-18s %-24s batch=%d splits=%d flagged=%u nan_rows=%d %s\n", fmt.name, name, batch, splits, errors,
-                nan01, ok ? "ok" : "FAIL");
-    return ok;
-  }
 
-  double num = 0, den = 0;
-  bool finite = true, zeros_ok = true;
+  // Flagged sequences (NaN output and LSE, the error word's bit): 0 and 1 for a corrupted
+  // kv_indptr (the static shape checks every entry against b * kv_len), the bad page's one.
+  std::vector<bool> flagged(batch, false);
+  uint32_t want_errors = 0;
+  if (c.corrupt) flagged[0] = flagged[1] = true, want_errors = kDevErrKvIndptr;
+  if (c.bad_page_seq >= 0) flagged[c.bad_page_seq] = true, want_errors = kDevErrPageTable;
+
+  double num = 0, den = 0, lse_err = 0;
+  bool finite = true, zeros_ok = true, nan_ok = true, lse_ok = true;
   for (int b = 0; b < batch; ++b) {
+    for (int e = kHeads; e < kLseStride; ++e) lse_ok &= lse[b * kLseStride + e] == kLsePoison;
     const int n = lens[b];
     for (int h = 0; h < kHeads; ++h) {
+      const float got_lse = lse[b * kLseStride + h];
+      if (flagged[b]) {
+        for (int d = 0; d < kVDim; ++d)
+          nan_ok &= std::isnan(from_bf16(out[(static_cast<size_t>(b) * kHeads + h) * kVDim + d]));
+        nan_ok &= std::isnan(got_lse);
+        continue;
+      }
       const double* qrow = &qd[(static_cast<size_t>(b) * kHeads + h) * kQkDim];
       std::vector<double> q8;  // the native kernel's per-head e4m3 q (bf16 q): its recipe, exactly
       if (kNativeFp8 && QF == QFormat::kBf16) {
@@ -254,14 +349,14 @@ static bool run_case(const Format& fmt, const char* name, const std::vector<int>
       std::vector<double> s(n), o(kVDim, 0.0);
       double mx = -INFINITY, l = 0;
       for (int t = 0; t < n; ++t) {
-        const double* krow = &kvd[static_cast<size_t>(kv_indptr[b] + t) * kQkDim];
+        const double* krow = &kvd[static_cast<size_t>(L.row[b][t]) * kQkDim];
         double acc = 0;
         for (int d = 0; d < kQkDim; ++d) acc += qrow[d] * krow[d];
         s[t] = acc * sm_scale;
         mx = std::max(mx, s[t]);
       }
       for (int t = 0; t < n; ++t) {
-        const double* vrow = &kvd[static_cast<size_t>(kv_indptr[b] + t) * kQkDim];
+        const double* vrow = &kvd[static_cast<size_t>(L.row[b][t]) * kQkDim];
         const double w = std::exp(s[t] - mx);
         l += w;
         for (int d = 0; d < kVDim; ++d) o[d] += w * vrow[d];
@@ -274,33 +369,68 @@ static bool run_case(const Format& fmt, const char* name, const std::vector<int>
         num += (got - ref) * (got - ref);
         den += ref * ref;
       }
+      // LSE: -inf for an empty sequence; else ln sum exp(s_t) = mx + ln l, to about float32
+      // rounding (S is an fp32 sum of exact products of the kernel's own operands, l an fp32 sum
+      // of v_exp_f32 values: 2e-7 relative seen; P's rounding to f16 / bf16 / e4m3 feeds only O)
+      if (n == 0) {
+        lse_ok &= got_lse == -INFINITY;
+      } else {
+        const double ref_lse = mx + std::log(l), err = std::fabs(got_lse - ref_lse);
+        lse_err = std::max(lse_err, std::isnan(err) ? INFINITY : err / std::max(1.0, std::fabs(ref_lse)));
+      }
     }
   }
+  lse_ok &= lse_err < 1e-5;
   const double rel = std::sqrt(num / std::max(den, 1e-30));
   // tests/tolerances.py: same_inputs (fp8 path: P in f16; wide path: P in bf16, 2^-9); the
   // native fp8 path rounds P to e4m3 (3 mantissa bits): same_inputs_p_fp8
   const double bound = kNativeFp8 ? 3e-2 : 4e-3;
-  const bool ok = finite && zeros_ok && errors == 0 && counters_reset && rel < bound;
-  std::printf("%-18s %-24s batch=%d splits=%d rel_l2=%.3e finite=%d zeros_ok=%d errors=%u counters=%d%s %s\n",
-              fmt.name, name, batch, splits, rel, finite, zeros_ok, errors, counters_reset,
+  const bool ok = finite && zeros_ok && nan_ok && lse_ok && errors == want_errors && counters_reset && rel < bound;
+  std::printf("%-18s %-24s batch=%d splits=%d rel_l2=%.3e lse_err=%.1e finite=%d zeros_ok=%d nan_rows_ok=%d errors=%u "
+              "counters=%d%s %s\n",
+              fmt.name, c.name, batch, splits, rel, lse_err, finite, zeros_ok, nan_ok, errors, counters_reset,
               kNativeFp8 ? " native-fp8" : "", ok ? "ok" : "FAIL");
   return ok;
 }
 
-// The same five kinds of case for one format.
+// The same kinds of case for every format: contiguous rows, then paged KV (page sizes 1, 16, 32,
+// 64: rows scattered one by one, pages shorter than a tile, a page exactly a tile, pages longer
+// than a tile; lengths not a multiple of the page; sequences 0 and 1 sharing a page; empty
+// sequences; block table with lengths or with a token indptr, and FlashInfer's form), a page id
+// outside the cache (split and one-split epilogues), and a compile-time page size.
 template <KvFormat KF, QFormat QF>
 static bool run_format(const Format& fmt, uint32_t seed) {
+  using D = DynamicShape;
   bool ok = true;
-  ok &= run_case<KF, QF, DynamicShape>(fmt, "one-split", {64, 37}, 1, seed + 1);
-  ok &= run_case<KF, QF, DynamicShape>(fmt, "splits+tail+empty", {100, 0, 33, 257}, 3, seed + 2);
-  ok &= run_case<KF, QF, DynamicShape>(fmt, "more-splits-than-tiles", {40}, 5, seed + 3);
-  ok &= run_case<KF, QF, StaticShape<3, 96, 2>>(fmt, "static-shape", {96, 96, 96}, 2, seed + 4);
-  ok &= run_case<KF, QF, StaticShape<3, 96, 2>>(fmt, "static-shape-bad-indptr", {96, 96, 96}, 2, seed + 5,
-                                                /*corrupt=*/true);
+  ok &= run_case<KF, QF, D>(fmt, {.name = "one-split", .lens = {64, 37}, .splits = 1, .seed = seed + 1});
+  ok &= run_case<KF, QF, D>(fmt, {.name = "splits+tail+empty", .lens = {100, 0, 33, 257}, .splits = 3,
+                                  .seed = seed + 2});
+  ok &= run_case<KF, QF, D>(fmt, {.name = "more-splits-than-tiles", .lens = {40}, .splits = 5, .seed = seed + 3});
+  ok &= run_case<KF, QF, StaticShape<3, 96, 2>>(fmt, {.name = "static-shape", .lens = {96, 96, 96}, .splits = 2,
+                                                      .seed = seed + 4});
+  ok &= run_case<KF, QF, StaticShape<3, 96, 2>>(fmt, {.name = "static-shape-bad-indptr", .lens = {96, 96, 96},
+                                                      .splits = 2, .seed = seed + 5, .corrupt = true});
   if constexpr (QF == QFormat::kBf16)  // a bf16 q beyond f16's range (the fp8 path converts q to f16)
-    ok &= run_case<KF, QF, DynamicShape>(fmt, "q-beyond-f16", {100, 33}, 2, seed + 6, false, 3e5f);
+    ok &= run_case<KF, QF, D>(fmt, {.name = "q-beyond-f16", .lens = {100, 33}, .splits = 2, .seed = seed + 6,
+                                    .q_mul = 3e5f});
   if constexpr (KF == KvFormat::kFp8)  // a strided KV view (rows 64 bytes apart beyond the row) and many splits
-    ok &= run_case<KF, QF, DynamicShape>(fmt, "strided-kv-8-splits", {1000, 300}, 8, seed + 7, false, 1.f, 64);
+    ok &= run_case<KF, QF, D>(fmt, {.name = "strided-kv-8-splits", .lens = {1000, 300}, .splits = 8, .seed = seed + 7,
+                                    .row_pad = 64});
+  ok &= run_case<KF, QF, D>(fmt, {.name = "paged-p1", .lens = {37, 0, 70}, .splits = 2, .seed = seed + 8, .page = 1});
+  ok &= run_case<KF, QF, D>(fmt, {.name = "paged-p16-indptr", .lens = {100, 45, 0, 33}, .splits = 3, .seed = seed + 9,
+                                  .page = 16, .form = Case::kTableIndptr});
+  ok &= run_case<KF, QF, D>(fmt, {.name = "paged-p64", .lens = {200, 64, 5}, .splits = 2, .seed = seed + 10,
+                                  .page = 64});
+  ok &= run_case<KF, QF, D>(fmt, {.name = "paged-p32-flashinfer", .lens = {100, 40, 0, 64}, .splits = 2,
+                                  .seed = seed + 11, .row_pad = KF == KvFormat::kFp8 ? 64 : 0, .page = 32,
+                                  .form = Case::kFlashInfer, .bad_page_seq = 3});
+  ok &= run_case<KF, QF, D>(fmt, {.name = "paged-p16-bad-page-id", .lens = {100, 70, 33}, .splits = 3,
+                                  .seed = seed + 12, .page = 16, .bad_page_seq = 1});
+  // one bad row (page 1), one split: only some threads of one block meet it (block_any_bad)
+  ok &= run_case<KF, QF, D>(fmt, {.name = "paged-p1-bad-page-1split", .lens = {64, 200, 5}, .splits = 1,
+                                  .seed = seed + 14, .page = 1, .bad_page_seq = 1});
+  ok &= run_case<KF, QF, StaticShape<3, 96, 2, 16>>(fmt, {.name = "static-paged-p16", .lens = {96, 96, 96}, .splits = 2,
+                                                          .seed = seed + 13, .page = 16});
   return ok;
 }
 

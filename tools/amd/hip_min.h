@@ -63,6 +63,25 @@ static __device__ __forceinline__ void __syncthreads() {
   __builtin_amdgcn_s_barrier();
   __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
 }
+// HIP's is __ockl_wgred_or_i32 (a device library's work-group reduction through LDS); the same
+// here: each wave's ballot into its own LDS word, a barrier, every thread ORs the block's words,
+// and a second barrier so that a following call cannot overwrite a word before all have read it.
+static __device__ __forceinline__ int __syncthreads_or(int predicate) {
+  __shared__ int wave_any[1024 / 64];
+  const unsigned int tid = __builtin_amdgcn_workitem_id_x() +
+                           __builtin_amdgcn_workgroup_size_x() * (__builtin_amdgcn_workitem_id_y() +
+                                                                  __builtin_amdgcn_workgroup_size_y() *
+                                                                      __builtin_amdgcn_workitem_id_z());
+  const unsigned int waves = (__builtin_amdgcn_workgroup_size_x() * __builtin_amdgcn_workgroup_size_y() *
+                                  __builtin_amdgcn_workgroup_size_z() + 63) / 64;
+  const int any = __builtin_amdgcn_ballot_w64(predicate != 0) != 0;
+  if (tid % 64 == 0) wave_any[tid / 64] = any;
+  __syncthreads();
+  int r = 0;
+  for (unsigned int w = 0; w < waves; ++w) r |= wave_any[w];
+  __syncthreads();
+  return r;
+}
 static __device__ __forceinline__ void __threadfence_block() { __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, "workgroup"); }
 static __device__ __forceinline__ void __threadfence() { __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, "agent"); }
 static __device__ __forceinline__ unsigned int __lane_id() {

@@ -14,6 +14,10 @@ struct KernelEntry {
   int32_t batch, kv_len, splits;  // 0 = any (the generic kernel)
   int32_t q_dtype, kv_dtype;      // mlagen_dtype
   int32_t num_heads, q_len;
+  int32_t page_size;   // specialized: the page size its rows come in (0 contiguous); generic: 0 (any)
+  int32_t row_bytes;   // bytes of one KV row's data (fp8 576, bf16 1152, mxfp4 288)
+  int32_t stride_unit; // bytes of kv_stride_token's unit (bf16 2, else 1)
+  int32_t scale_kind;  // 0 none (bf16), 1 one float32 (fp8), 2 E8M0 rows (mxfp4)
   int32_t block_n, stages;
   int32_t role;  // 0 specialized, 1 generic, 2 tuning candidate (reachable by name only)
   int32_t target_blocks;  // resident blocks the split heuristic aims for (SMs x blocks an SM)

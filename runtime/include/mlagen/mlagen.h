@@ -2,7 +2,9 @@
  *
  * Plain C: raw pointers, element strides, a stream. No framework types cross this line.
  * A problem describes the math and the memory; where it runs (the stream) is an argument of
- * each launching call. Fill an mlagen_problem, call mlagen_decode(). Every function returns an
+ * each launching call. Fill an mlagen_problem, make a plan once (mlagen_plan: validation, kernel
+ * choice and workspace size happen there), then mlagen_run() per call with that call's pointers
+ * (it only checks them and launches). mlagen_decode() does both in one call. Every function returns an
  * mlagen_status; on error mlagen_last_error() (thread-local) says what and why, naming the
  * field and the value it expected.
  */
@@ -22,7 +24,7 @@ extern "C" {
 #define MLAGEN_API
 #endif
 
-#define MLAGEN_ABI_VERSION 3  /* 3: the stream left mlagen_problem for the launch calls' arguments */
+#define MLAGEN_ABI_VERSION 4  /* 4: paged KV, LSE output, mlagen_plan / mlagen_run */
 
 typedef enum {
   MLAGEN_OK = 0,
@@ -44,6 +46,8 @@ typedef enum {
 /* Device-side input check results, OR-ed into the workspace's error word. */
 #define MLAGEN_DEVERR_KV_INDPTR 1u  /* kv_indptr not monotonic / outside total_kv / not the uniform kv_len */
 #define MLAGEN_DEVERR_QO_INDPTR 2u  /* qo_indptr[b+1]-qo_indptr[b] != q_len or outside total_q */
+#define MLAGEN_DEVERR_PAGE_TABLE 4u /* paged: a page id outside [0, num_pages), or a page list / length that
+                                       does not fit the table (negative, past its width, last page 0 or > size) */
 
 typedef struct {
   int32_t abi_version;       /* MLAGEN_ABI_VERSION */
@@ -88,6 +92,27 @@ typedef struct {
                                 NULL. 0: q holds fp8, q_scale its scale. */
   int32_t device;            /* the GPU the pointers live on; the launching calls make it current for
                                 their duration (and restore the caller's). -1: the current device. */
+  /* ---- paged KV (page_size > 0). kv then holds the cache: total_kv = num_pages * page_size rows at
+     kv_stride_token, page g = rows g*page_size ... A sequence's page list is one of two forms:
+       block table (vLLM, FlashMLA): page_table [batch, page_table_stride] int32, row b holding
+         sequence b's pages in order (page_table_width used entries at most); its length is
+         kv_lens[b] (or kv_indptr[b+1]-kv_indptr[b] when kv_lens is NULL);
+       page indices (FlashInfer): page_table = kv_indices, page_indptr (batch+1) the offsets of each
+         sequence's pages in it, last_page_len[b] the rows of its last page (1..page_size).
+     Pages may come in any order and be shared between sequences. A bad page id or list is found on
+     the device: never read, the sequence's output NaN, MLAGEN_DEVERR_PAGE_TABLE in the error word. */
+  int32_t page_size;            /* 0: contiguous rows at kv_indptr; else a power of two 1..256 */
+  int32_t page_table_width;     /* block table: entries a row may use (max pages a sequence) */
+  int64_t page_table_stride;    /* block table: entries between two rows (>= width) */
+  int64_t page_table_len;       /* entries page_table holds (bounds the indices form's offsets) */
+  const int32_t* page_table;    /* device int32: the block table, or FlashInfer's kv_indices */
+  const int32_t* kv_lens;       /* block table: device int32 [batch] lengths; NULL: from kv_indptr */
+  const int32_t* page_indptr;   /* indices form: device int32 [batch+1]; NULL: block-table form */
+  const int32_t* last_page_len; /* indices form: device int32 [batch] */
+  /* ---- log-sum-exp output: lse[t][h] = ln sum_j exp(sm_scale * q[t][h] . k_j) (natural log of the
+     scaled scores, FlashAttention / FlashMLA convention; -inf for an empty sequence, NaN when flagged) */
+  float* lse;                   /* NULL: not written; else device float32 [total_q, num_heads] */
+  int64_t lse_stride_token;     /* elements between two tokens' rows (>= num_heads; heads contiguous) */
 } mlagen_problem;
 
 typedef struct {
@@ -97,6 +122,7 @@ typedef struct {
   int32_t block_n;    /* KV tokens per tile */
   int32_t stages;     /* pipeline depth */
   int32_t batch, kv_len, q_dtype, kv_dtype; /* the kernel's key (0 = any) */
+  int32_t page_size;  /* specialized: the page size it reads (0 contiguous); generic: 0 (any, at run time) */
   int32_t role;       /* 0 specialized, 1 the generic kernel, 2 a tuning candidate (by name only) */
 } mlagen_kernel_info;
 
@@ -108,11 +134,32 @@ MLAGEN_API size_t mlagen_workspace_bytes(const mlagen_problem* p);
  * stream). Asynchronous: no host-device synchronization. */
 MLAGEN_API mlagen_status mlagen_decode(const mlagen_problem* p, mlagen_kernel_info* ran /* may be NULL */,
                                        void* stream);
-/* Same with the per-call pointers passed apart from a prepared problem (cheap to call).
- * kv_scale is the format's scale pointer as in mlagen_problem; q_scale for fp8 q (else NULL). */
-MLAGEN_API mlagen_status mlagen_decode_ptrs(const mlagen_problem* p, const void* q, const float* q_scale,
-                                 const void* kv, const void* kv_scale, const int32_t* qo_indptr,
-                                 const int32_t* kv_indptr, void* out, void* stream);
+
+/* A plan: a problem validated once, its kernel chosen and its workspace sized. The problem's
+ * pointers at plan time only say which inputs the calls will pass (non-NULL = given; their values
+ * are not kept); each mlagen_run passes that call's pointers. A plan is immutable: any number of
+ * threads may run it at once, each with its own workspace. */
+typedef struct mlagen_plan_s mlagen_plan_t;
+typedef struct {
+  const void* q;
+  const float* q_scale;
+  const void* kv;
+  const void* kv_scale;
+  const int32_t* qo_indptr;
+  const int32_t* kv_indptr;
+  const int32_t* page_table;
+  const int32_t* kv_lens;
+  const int32_t* page_indptr;
+  const int32_t* last_page_len;
+  void* out;
+  float* lse;
+  void* workspace;              /* >= the plan's workspace bytes, 256-byte aligned, zeroed once */
+} mlagen_args;
+MLAGEN_API mlagen_status mlagen_plan(const mlagen_problem* p, mlagen_plan_t** plan);
+MLAGEN_API mlagen_status mlagen_plan_info(const mlagen_plan_t* plan, mlagen_kernel_info* info, size_t* workspace_bytes);
+/* Checks the call's pointers against the plan (presence, alignment) and launches on `stream`. */
+MLAGEN_API mlagen_status mlagen_run(const mlagen_plan_t* plan, const mlagen_args* args, void* stream);
+MLAGEN_API void mlagen_plan_destroy(mlagen_plan_t* plan);
 /* Read and clear the device-side error word in a workspace (synchronizes the stream). */
 MLAGEN_API mlagen_status mlagen_take_device_errors(void* workspace, void* stream, uint32_t* errors);
 

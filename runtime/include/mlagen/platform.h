@@ -34,6 +34,8 @@
   #define hipLaunchKernelGGL(k, grid, block, smem, stream, ...) k<<<grid, block, smem, stream>>>(__VA_ARGS__)
   template <class T>
   __device__ __forceinline__ T __shfl_xor(T v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
+  template <class T>
+  __device__ __forceinline__ T __shfl(T v, int src) { return __shfl_sync(0xffffffffu, v, src); }
 #else
   #error "mlagen device code needs nvcc (CUDA) or clang/hipcc (HIP)"
 #endif

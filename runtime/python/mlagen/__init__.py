@@ -90,46 +90,70 @@ def _kv_dtype_name(kv_format: str, kv, kv_scale) -> str:
 
 
 class Plan:
-    """A validated problem for one shape / layout. Its scratch (split partials, the device-side
-    q scale, the device error word) is its own, one buffer per launch target (the raw handle
-    the launches go on), sized for this plan when first used there and kept for the plan's
-    life: two concurrent callers never share scratch, and a decode captured in a CUDA graph
-    keeps valid buffers for as long as the process (and so the plan cache) lives."""
+    """A validated problem for one shape / layout: the library's plan (mlagen_plan: kernel
+    chosen, workspace sized) and its scratch, one buffer per launch target (the raw handle the
+    launches go on), made when first used there and kept for the plan's life: two concurrent
+    callers never share scratch, and a decode captured in a CUDA graph keeps valid buffers for
+    as long as the process (and so the plan cache) lives. Each run passes that call's pointers
+    only (mlagen_run)."""
 
-    def __init__(self, problem: Problem, info: dict, workspace_bytes: int, device):
-        self.problem, self.info, self.device = problem, info, device
+    def __init__(self, problem: Problem, device, return_lse: bool = False):
+        self.problem, self.device = problem, device
         self.device_index = device.index if device.index is not None else _torch().cuda.current_device()
         self.problem.device = self.device_index
-        self.workspace_bytes = max(int(workspace_bytes), 1024)
         self.out_shape = (problem.total_q, _HEADS, _DV)
+        self.lse_shape = (problem.total_q, _HEADS) if return_lse else None
         self.out_dtype = _torch().bfloat16
-        self.bound: dict = {}  # launch handle -> (ctypes pointer to the problem copy, its workspace)
+        self.bound: dict = {}  # launch handle -> its workspace tensor
         self.config = None  # the config it validated (a copy; decode sets it)
-        self._run = lib().mlagen_decode_ptrs
+        self._handle = None
+        self.rebuild()
 
-    def bind(self, where):
-        """(problem pointer, workspace) for launches on `where` (made on first use)."""
-        got = self.bound.get(where)
-        if got is None:
-            torch = _torch()
-            ws = torch.zeros(self.workspace_bytes, dtype=torch.uint8, device=self.device)  # ordered on `where`
-            p = Problem.from_buffer_copy(self.problem)
-            p.workspace, p.workspace_bytes = ws.data_ptr(), ws.numel()
-            got = self.bound[where] = (ctypes.byref(p), ws, p)
-        return got
+    def rebuild(self):
+        """(Re)makes the library plan from self.problem (after a test changed a field)."""
+        L = lib()
+        handle = ctypes.c_void_p()
+        raise_for(L.mlagen_plan(ctypes.byref(self.problem), ctypes.byref(handle)), L)
+        if self._handle:
+            L.mlagen_plan_destroy(self._handle)
+        self._handle = handle
+        info, nbytes = KernelInfo(), ctypes.c_size_t(0)
+        raise_for(L.mlagen_plan_info(handle, ctypes.byref(info), ctypes.byref(nbytes)), L)
+        self.info = info.as_dict()
+        self.workspace_bytes = max(int(nbytes.value), 1024)
+        self.bound.clear()
+        self._run, self._destroy = L.mlagen_run, L.mlagen_plan_destroy
 
-    def run(self, q, q_scale, kv, kv_scale, qo_indptr, kv_indptr, out, where) -> None:
-        pp = (self.bound.get(where) or self.bind(where))[0]
-        status = self._run(pp, q.data_ptr(), q_scale.data_ptr() if q_scale is not None else None, kv.data_ptr(),
-                           kv_scale.data_ptr() if kv_scale is not None else None, qo_indptr.data_ptr(),
-                           kv_indptr.data_ptr(), out.data_ptr(), where)
+    def __del__(self):
+        if getattr(self, "_handle", None) and self._destroy is not None:
+            self._destroy(self._handle)
+            self._handle = None
+
+    def workspace(self, where):
+        """This plan's scratch for launches on `where` (made on first use)."""
+        ws = self.bound.get(where)
+        if ws is None:
+            ws = self.bound[where] = _torch().zeros(self.workspace_bytes, dtype=_torch().uint8, device=self.device)
+        return ws
+
+    def run(self, q, q_scale, kv, kv_scale, qo_indptr, kv_indptr, out, where, lse=None, pages=None) -> None:
+        ws = self.bound.get(where)
+        if ws is None:
+            ws = self.workspace(where)
+        pt, kl, pi, lp = pages if pages is not None else (None, None, None, None)
+        a = _Args(q.data_ptr(), q_scale.data_ptr() if q_scale is not None else None, kv.data_ptr(),
+                  kv_scale.data_ptr() if kv_scale is not None else None, qo_indptr.data_ptr(),
+                  kv_indptr.data_ptr() if kv_indptr is not None else None,
+                  pt.data_ptr() if pt is not None else None, kl.data_ptr() if kl is not None else None,
+                  pi.data_ptr() if pi is not None else None, lp.data_ptr() if lp is not None else None,
+                  out.data_ptr(), lse.data_ptr() if lse is not None else None, ws.data_ptr())
+        status = self._run(self._handle, ctypes.byref(a), where)
         if status:
             raise_for(status)
 
 
-_plans: dict = {}       # (tensor metadata, config items, overrides) -> Plan
-_fast_plans: dict = {}  # tensor metadata -> the last Plan made or used for it without overrides
-                        # (the cached path then compares the config with the plan's copy)
+_Args = _lib.Args
+_plans: dict = {}  # everything a plan validated (tensor metadata, format, options, config) -> Plan
 _last_plan = None
 
 
@@ -224,14 +248,40 @@ def _check_config(config: dict, q, qo_indptr) -> int:
     return batch
 
 
+def _kv_rows(kv, row: int, kv_format: str, page_size: int):
+    """(rows, row stride) of the KV tensor: (rows, 1, row) or (rows, row), dims contiguous; with
+    pages also (num_pages, page_size, row) or (num_pages, page_size, 1, row), the rows of all
+    pages at one stride."""
+    shape, st = tuple(kv.shape), kv.stride()
+    if kv.dim() in (2, 3, 4) and shape[-1] == row and st[-1] == 1:
+        if kv.dim() == 2 or (kv.dim() == 3 and shape[1] == 1):
+            return shape[0], st[0]
+        if page_size and shape[1] == page_size and (kv.dim() == 3 or shape[2] == 1) and \
+                (shape[0] == 1 or st[0] == page_size * st[1]):
+            return shape[0] * page_size, st[1]
+    want = f"(total_kv, 1, {row})" + (f" or (num_pages, {page_size}, [1,] {row})" if page_size else "")
+    raise MlagenError(1, f"kv: shape {shape} strides {st}: expected {want} with contiguous dims ({kv_format})")
+
+
+def _check_int32(name, t, numel=None, dims=1):
+    torch = _torch()
+    if t.dtype != torch.int32 or t.dim() != dims or t.stride(-1) != 1 or (numel is not None and t.numel() != numel):
+        want = f"({numel},)" if numel is not None else ("a 1-d tensor" if dims == 1 else "(batch, max_pages)")
+        raise MlagenError(1, f"{name}: {t.dtype} shape {tuple(t.shape)} strides {t.stride()}: expected int32 {want}"
+                             f" with contiguous last dim")
+
+
 def prepare(q, kv, kv_scale, qo_indptr, kv_indptr, config: dict, *, kv_format: str = "fp8", q_dtype: str = "bf16",
-            q_scale=None, force_generic=False, splits=0, kernel=None) -> Plan:
+            q_scale=None, force_generic=False, splits=0, kernel=None, page_size: int = 0, page_table=None,
+            kv_lens=None, kv_indices=None, kv_last_page_len=None, return_lse: bool = False) -> Plan:
+    """A Plan for these inputs (see decode() for the arguments)."""
     torch = _torch()
     dev = q.device
     if dev.type != "cuda":
         raise MlagenError(1, f"q: on {dev}, expected a CUDA tensor")
     for name, t in (("kv", kv), ("kv_scale", kv_scale), ("q_scale", q_scale), ("qo_indptr", qo_indptr),
-                    ("kv_indptr", kv_indptr)):
+                    ("kv_indptr", kv_indptr), ("page_table", page_table), ("kv_lens", kv_lens),
+                    ("kv_indices", kv_indices), ("kv_last_page_len", kv_last_page_len)):
         if t is not None and t.device != dev:
             raise MlagenError(1, f"{name}: on {t.device}, expected {dev} (the device of q)")
     _check_q(q, q_dtype, q_scale)
@@ -241,29 +291,63 @@ def prepare(q, kv, kv_scale, qo_indptr, kv_indptr, config: dict, *, kv_format: s
                              f"with contiguous dims")
     kv_dtype = _kv_dtype_name(kv_format, kv, kv_scale)
     row = _QK // 2 if kv_dtype == "mxfp4" else _QK
-    if kv.dim() == 3 and kv.shape[1] != 1:
-        raise MlagenError(1, f"kv: shape {tuple(kv.shape)}: expected (total_kv, 1, {row}) (one KV head)")
-    if kv.dim() not in (2, 3) or kv.shape[-1] != row or kv.stride(-1) != 1:
-        raise MlagenError(1, f"kv: shape {tuple(kv.shape)} strides {kv.stride()}: expected (total_kv, 1, {row}) "
-                             f"with contiguous dims ({kv_format})")
-    kv_rows, kv_stride = kv.shape[0], kv.stride(0)
+    page_size = _as_int(page_size)
+    if page_size is None or page_size < 0:
+        raise MlagenError(1, f"page_size={page_size!r}: expected 0 (contiguous rows) or a power of two 1..256")
+    paged = page_size > 0
+    if not paged and any(t is not None for t in (page_table, kv_lens, kv_indices, kv_last_page_len)):
+        raise MlagenError(1, "page_table / kv_lens / kv_indices / kv_last_page_len: given without page_size; "
+                             "expected page_size = the cache's page size")
+    if paged and (page_table is None) == (kv_indices is None):
+        raise MlagenError(1, "page_table / kv_indices: expected exactly one (a block table, or FlashInfer's "
+                             "kv_indices with kv_indptr in pages and kv_last_page_len)")
+    kv_rows, kv_stride = _kv_rows(kv, row, kv_format, page_size)
     scale_stride = 0
     if kv_dtype == "mxfp4":
         if kv_scale.shape[0] < kv_rows or kv_scale.shape[1] < 18:
             raise MlagenError(1, f"kv_scale: shape {tuple(kv_scale.shape)}: expected at least ({kv_rows}, 18) "
                                  f"(one E8M0 scale per 32 dims of every token)")
         scale_stride = kv_scale.stride(0)
-    for name, t in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr)):
-        if t.dtype != torch.int32 or t.dim() != 1 or not t.is_contiguous():
-            raise MlagenError(1, f"{name}: {t.dtype} shape {tuple(t.shape)} strides {t.stride()}: expected "
-                                 f"contiguous int32 (batch+1,)")
     batch = _check_config(config, q, qo_indptr)
-    if qo_indptr.numel() != batch + 1 or kv_indptr.numel() != batch + 1:
-        raise MlagenError(1, f"qo_indptr/kv_indptr: {qo_indptr.numel()}/{kv_indptr.numel()} elements: "
-                             f"expected batch_size+1 = {batch + 1}")
+    _check_int32("qo_indptr", qo_indptr, batch + 1)
+    if not qo_indptr.is_contiguous():
+        raise MlagenError(1, "qo_indptr: expected contiguous int32 (batch+1,)")
+    if kv_indptr is not None:
+        _check_int32("kv_indptr", kv_indptr, batch + 1)
+    elif not (paged and kv_lens is not None):
+        raise MlagenError(1, "kv_indptr: None: expected int32 (batch+1,) (or, with a block table, kv_lens)")
     kv_len = _as_int(config.get("kv_seq_len") or 0)
-    if kv_len and kv_rows != batch * kv_len:
+    if kv_len and not paged and kv_rows != batch * kv_len:
         kv_len = 0  # lengths are not uniform: the generic kernel reads them from kv_indptr
+    fields = {}
+    if paged:
+        fields.update(page_size=page_size)
+        if page_table is not None:
+            _check_int32("page_table", page_table, dims=2)
+            if page_table.shape[0] < batch:
+                raise MlagenError(1, f"page_table: shape {tuple(page_table.shape)}: expected (batch={batch}, max_pages)")
+            if kv_last_page_len is not None:
+                raise MlagenError(1, "kv_last_page_len: given with page_table; it belongs to the kv_indices form")
+            if kv_lens is not None:
+                _check_int32("kv_lens", kv_lens, batch)
+            fields.update(page_table=page_table.data_ptr(), page_table_width=page_table.shape[1],
+                          page_table_stride=page_table.stride(0) if page_table.shape[0] > 1 else page_table.shape[1],
+                          page_table_len=(batch - 1) * (page_table.stride(0) if batch > 1 else 0) + page_table.shape[1],
+                          kv_lens=kv_lens.data_ptr() if kv_lens is not None else None)
+        else:
+            _check_int32("kv_indices", kv_indices)
+            if kv_indptr is None:
+                raise MlagenError(1, "kv_indptr: None: with kv_indices it holds each sequence's page offsets (batch+1,)")
+            if kv_last_page_len is None:
+                raise MlagenError(1, "kv_last_page_len: None: expected int32 (batch,) with kv_indices")
+            _check_int32("kv_last_page_len", kv_last_page_len, batch)
+            if kv_lens is not None:
+                raise MlagenError(1, "kv_lens: given with kv_indices; expected None (lengths come from the pages)")
+            fields.update(page_table=kv_indices.data_ptr(), page_table_len=max(1, kv_indices.numel()),
+                          page_indptr=kv_indptr.data_ptr(), last_page_len=kv_last_page_len.data_ptr())
+            kv_indptr = None  # the token indptr of the contiguous form: not this one
+    if return_lse:
+        fields.update(lse=0x100, lse_stride_token=_HEADS)  # presence only: each call passes its own
     p = Problem(abi_version=_lib.ABI_VERSION, batch=batch, num_heads=_HEADS, num_kv_heads=1, q_len=1,
                 qk_dim=_QK, v_dim=_DV, kv_len=kv_len, total_q=q.shape[0], total_kv=kv_rows, q_dtype=DTYPE[q_dtype],
                 kv_dtype=DTYPE[kv_dtype], sm_scale=float(config.get("sm_scale", _QK ** -0.5)),
@@ -271,17 +355,15 @@ def prepare(q, kv, kv_scale, qo_indptr, kv_indptr, config: dict, *, kv_format: s
                 q=q.data_ptr(), q_stride_token=q.stride(0), q_stride_head=q.stride(1),
                 kv=kv.data_ptr(), kv_stride_token=kv_stride,
                 kv_scale=kv_scale.data_ptr() if kv_scale is not None else None,
-                qo_indptr=qo_indptr.data_ptr(), kv_indptr=kv_indptr.data_ptr(),
+                qo_indptr=qo_indptr.data_ptr(), kv_indptr=kv_indptr.data_ptr() if kv_indptr is not None else None,
                 out=0x100, out_stride_token=_HEADS * _DV, out_stride_head=_DV,
                 kernel_name=kernel.encode() if kernel else None, kv_scale_stride=scale_stride,
                 q_scale=q_scale.data_ptr() if q_scale is not None else None, q_from_bf16=q_from_bf16,
-                device=dev.index if dev.index is not None else torch.cuda.current_device())
-    L = lib()
-    info = KernelInfo()
-    raise_for(L.mlagen_select(ctypes.byref(p), ctypes.byref(info)), L)
-    nbytes = L.mlagen_workspace_bytes(ctypes.byref(p))
+                device=dev.index if dev.index is not None else torch.cuda.current_device(), **fields)
     _check_device_once(dev)
-    return Plan(p, info.as_dict(), nbytes, dev)
+    plan = Plan(p, dev, return_lse)
+    plan.kv_indptr_is_pages = paged and kv_indices is not None
+    return plan
 
 
 _checked_devices = set()
@@ -301,28 +383,30 @@ def _tensor_meta(t):
 
 def _meta(q, kv, kv_scale, qo_indptr, kv_indptr, q_dtype, q_scale):
     """Everything a plan validated about its tensors: every one's shape, strides, dtype and
-    device (with the config, which the callers compare or add: the plan-cache key). Pointer
+    device (with the format, the options and the config: the plan-cache key). Pointer
     alignment is checked by the library on every call."""
     return (q.size(), q.stride(), q.dtype, q.get_device(), kv.size(), kv.stride(), kv.dtype, kv.get_device(),
             _tensor_meta(kv_scale), qo_indptr.size(), qo_indptr.stride(), qo_indptr.dtype, qo_indptr.get_device(),
-            kv_indptr.size(), kv_indptr.stride(), kv_indptr.dtype, kv_indptr.get_device(), q_dtype,
-            _tensor_meta(q_scale))
+            _tensor_meta(kv_indptr), q_dtype, _tensor_meta(q_scale))
+
+
+_NO_OPTIONS = (False, 0, None, 0, None, None, None, None, False)  # decode()'s defaults, as in its key
 
 
 def _decode_cached(q, kv_data, qo_indptr, kv_indptr, config, kv_format, q_dtype="bf16", q_scale=None):
-    """The per-call path once a plan exists for these inputs' metadata (None otherwise): the
-    metadata is the cache key (everything the plan validated once), then an output and one C
-    call with the per-call pointers. A bf16 q (q_dtype "fp8": quantized on the device), or an
-    fp8 q with its q_scale; positional, no keyword parsing: the leaderboard entry calls it
-    directly."""
+    """The per-call path of the common case (contiguous rows, no LSE, no overrides) once a plan
+    exists for these inputs (None otherwise): the plan-cache key (everything the plan validated,
+    the config's items included), then an output and one C call with the per-call pointers.
+    Positional, no keyword parsing: the leaderboard entry calls it directly."""
     global _last_plan
     try:
         entry = kv_data[kv_format]
         kv, kv_scale = (entry, None) if kv_format == "bf16" and entry.__class__ is not tuple else entry
-        plan = _fast_plans.get(_meta(q, kv, kv_scale, qo_indptr, kv_indptr, q_dtype, q_scale))
+        plan = _plans.get((_meta(q, kv, kv_scale, qo_indptr, kv_indptr, q_dtype, q_scale), kv_format, _NO_OPTIONS,
+                           tuple(config.items())))
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
-    if plan is None or config != plan.config:  # every field, as validated (a dict mutated in place too)
+    if plan is None:
         return None
     out = _torch_mod.empty(plan.out_shape, dtype=plan.out_dtype, device=plan.device)
     plan.run(q, q_scale, kv, kv_scale, qo_indptr, kv_indptr, out, _launch.handle(plan.device_index))
@@ -356,7 +440,9 @@ def leaderboard_entry(kv_format: str = "fastest", q_dtype: str = "bf16"):
 
 
 def decode(q, kv_data, qo_indptr, kv_indptr, config: dict, *, kv_format: str = "fp8", q_dtype: str = "bf16",
-           q_scale=None, out=None, force_generic: bool = False, splits: int = 0, kernel: str | None = None):
+           q_scale=None, out=None, force_generic: bool = False, splits: int = 0, kernel: str | None = None,
+           page_table=None, page_size: int = 0, kv_lens=None, kv_indices=None, kv_last_page_len=None,
+           return_lse: bool = False):
     """MLA decode: softmax(q K^T * sm_scale) V with K the 576-dim latent rows, V their first 512.
 
     q (total_q, 16, 576) bf16 (or fp8 with q_scale); kv_data the leaderboard's dict
@@ -367,35 +453,55 @@ def decode(q, kv_data, qo_indptr, kv_indptr, config: dict, *, kv_format: str = "
     q_dtype: "bf16" (as given) or "fp8": the query quantized per tensor to fp8 as the
     leaderboard's reference does (a bf16 q is quantized on the device by a pre-pass fused
     into the launch; an fp8 q needs q_scale).
-    Returns (total_q, 16, 512) bf16. force_generic / splits / kernel (a name from kernels())
-    override the dispatch, for tests and tuning.
 
-    Per call this reads the inputs' metadata once (the plan cache key), allocates the output
-    and passes the pointers to the library: everything else happened when the plan for this
-    shape was made. The launches go where `_launch.handle` points them, with the tensors'
-    device made current for their duration.
+    Paged KV (page_size > 0: a power of two 1..256): the kv tensor is the cache, (num_pages,
+    page_size, [1,] row) or its rows flattened, and mxfp4 scales are indexed by the same rows.
+      block table (vLLM / FlashMLA): page_table (batch, max_pages) int32, row b the pages of
+        sequence b in order; lengths kv_lens (batch,) int32, or kv_indptr differences.
+      FlashInfer: kv_indices (pages,) int32, kv_indptr (batch+1,) the page offsets of each
+        sequence in it, kv_last_page_len (batch,) the rows of each last page (1..page_size).
+    Pages in any order, shared between sequences. A bad page id or list makes that sequence's
+    output NaN (check_device_errors() raises), never a read outside the cache.
+
+    Returns (total_q, 16, 512) bf16, and with return_lse=True (out, lse): lse (total_q, 16)
+    float32 = ln sum_j exp(sm_scale q.k_j), the natural log of the scaled scores (FlashAttention's
+    and FlashMLA's softmax_lse, what vLLM's merge_attn_states takes); -inf for an empty sequence.
+    force_generic / splits / kernel (a name from kernels()) override the dispatch, for tests and tuning.
+
+    Per call this reads the inputs' metadata once (the plan cache key), allocates the outputs
+    and passes the pointers to the library: everything else happened when the plan was made.
+    The launches go where `_launch.handle` points them, with the tensors' device made current.
     """
     global _last_plan
     kv_format = resolve_format(kv_data, kv_format)
-    if out is None and not (force_generic or splits or kernel):
+    options = (force_generic, splits, kernel, page_size, _tensor_meta(page_table), _tensor_meta(kv_lens),
+               _tensor_meta(kv_indices), _tensor_meta(kv_last_page_len), return_lse)
+    if out is None and options == _NO_OPTIONS:
         res = _decode_cached(q, kv_data, qo_indptr, kv_indptr, config, kv_format, q_dtype, q_scale)
         if res is not None:
             return res
     kv, kv_scale = _unpack_kv(kv_data, kv_format)
     for name, t in (("q", q), ("kv", kv), ("kv_scale", kv_scale), ("q_scale", q_scale), ("qo_indptr", qo_indptr),
-                    ("kv_indptr", kv_indptr)):
+                    ("kv_indptr", kv_indptr), ("page_table", page_table), ("kv_lens", kv_lens),
+                    ("kv_indices", kv_indices), ("kv_last_page_len", kv_last_page_len)):
         if t is not None and not hasattr(t, "data_ptr"):
             raise MlagenError(1, f"{name}: {type(t).__name__}: expected a torch tensor")
-    meta = _meta(q, kv, kv_scale, qo_indptr, kv_indptr, q_dtype, q_scale)
-    key = meta + (kv_format, force_generic, splits, kernel, *config.items())
-    plan = _plans.get(key)
+    if not isinstance(config, dict):
+        raise MlagenError(1, f"config: {type(config).__name__}: expected the leaderboard's dict")
+    try:
+        key = (_meta(q, kv, kv_scale, qo_indptr, kv_indptr, q_dtype, q_scale), kv_format, options,
+               tuple(config.items()))
+        plan = _plans.get(key)
+    except TypeError:  # an unhashable config value: plan every call
+        key, plan = None, None
     if plan is None:
         plan = prepare(q, kv, kv_scale, qo_indptr, kv_indptr, config, kv_format=kv_format, q_dtype=q_dtype,
-                       q_scale=q_scale, force_generic=force_generic, splits=splits, kernel=kernel)
-        plan.config = dict(config)  # what it validated (a copy: the caller's dict may change)
-        _plans[key] = plan
-    if not (force_generic or splits or kernel):
-        _fast_plans[meta] = plan
+                       q_scale=q_scale, force_generic=force_generic, splits=splits, kernel=kernel,
+                       page_size=page_size, page_table=page_table, kv_lens=kv_lens, kv_indices=kv_indices,
+                       kv_last_page_len=kv_last_page_len, return_lse=return_lse)
+        plan.config = dict(config)
+        if key is not None:
+            _plans[key] = plan
     torch = _torch_mod
     if out is None:
         out = torch.empty(plan.out_shape, dtype=torch.bfloat16, device=plan.device)
@@ -403,9 +509,16 @@ def decode(q, kv_data, qo_indptr, kv_indptr, config: dict, *, kv_format: str = "
           or out.device != plan.device):
         raise MlagenError(1, f"out: {out.dtype} {tuple(out.shape)} on {out.device}: expected contiguous bf16 "
                              f"{plan.out_shape} on {plan.device}")
-    plan.run(q, q_scale, kv, kv_scale, qo_indptr, kv_indptr, out, _launch.handle(plan.device_index))
+    lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=plan.device) if return_lse else None
+    pages = None
+    if page_size:
+        pages = ((page_table, kv_lens, None, None) if page_table is not None
+                 else (kv_indices, None, kv_indptr, kv_last_page_len))
+        if kv_indices is not None:
+            kv_indptr = None  # passed as the page offsets
+    plan.run(q, q_scale, kv, kv_scale, qo_indptr, kv_indptr, out, _launch.handle(plan.device_index), lse, pages)
     _last_plan = plan
-    return out
+    return (out, lse) if return_lse else out
 
 
 def check_device_errors(device=None) -> None:
@@ -419,7 +532,7 @@ def check_device_errors(device=None) -> None:
     for plan in _plans.values():  # each plan is cached under one key
         if plan.device_index != index:
             continue
-        for where, (_, ws, _) in list(plan.bound.items()):
+        for where, ws in list(plan.bound.items()):
             errors = ctypes.c_uint32(0)
             with torch.cuda.device(index):
                 status = lib().mlagen_take_device_errors(ws.data_ptr(), where, ctypes.byref(errors))

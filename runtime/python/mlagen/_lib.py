@@ -4,11 +4,11 @@ from __future__ import annotations
 import ctypes
 import os
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 OK, ERR_INVALID, ERR_UNSUPPORTED, ERR_WORKSPACE, ERR_DEVICE, ERR_INPUT_DATA = range(6)
 DTYPE = {"bf16": 1, "fp8e4m3fn": 2, "fp8e4m3fnuz": 3, "mxfp4": 4, "fp8": 5}
 DTYPE_NAME = {v: k for k, v in DTYPE.items()}
-DEVERR_KV_INDPTR, DEVERR_QO_INDPTR = 1, 2
+DEVERR_KV_INDPTR, DEVERR_QO_INDPTR, DEVERR_PAGE_TABLE = 1, 2, 4
 
 _REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 DEFAULT_LIBRARY = os.path.join(_REPO, "build", "sm90a", "libmlagen.so")
@@ -28,6 +28,10 @@ class Problem(ctypes.Structure):
         ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t),
         ("kernel_name", ctypes.c_char_p), ("kv_scale_stride", ctypes.c_int64), ("q_scale", ctypes.c_void_p),
         ("q_from_bf16", ctypes.c_int32), ("device", ctypes.c_int32),
+        ("page_size", ctypes.c_int32), ("page_table_width", ctypes.c_int32),
+        ("page_table_stride", ctypes.c_int64), ("page_table_len", ctypes.c_int64),
+        ("page_table", ctypes.c_void_p), ("kv_lens", ctypes.c_void_p), ("page_indptr", ctypes.c_void_p),
+        ("last_page_len", ctypes.c_void_p), ("lse", ctypes.c_void_p), ("lse_stride_token", ctypes.c_int64),
     ]
 
     @classmethod
@@ -56,13 +60,21 @@ class KernelInfo(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char_p), ("generic", ctypes.c_int32), ("splits", ctypes.c_int32),
                 ("block_n", ctypes.c_int32), ("stages", ctypes.c_int32), ("batch", ctypes.c_int32),
                 ("kv_len", ctypes.c_int32), ("q_dtype", ctypes.c_int32), ("kv_dtype", ctypes.c_int32),
-                ("role", ctypes.c_int32)]
+                ("page_size", ctypes.c_int32), ("role", ctypes.c_int32)]
 
     def as_dict(self) -> dict:
         return {"name": self.name.decode(), "generic": bool(self.generic), "splits": self.splits,
                 "block_n": self.block_n, "stages": self.stages, "batch": self.batch, "kv_len": self.kv_len,
                 "q_dtype": DTYPE_NAME.get(self.q_dtype), "kv_dtype": DTYPE_NAME.get(self.kv_dtype),
+                "page_size": self.page_size,
                 "role": ("specialized", "generic", "candidate")[self.role]}
+
+
+class Args(ctypes.Structure):
+    """mlagen_args: one call's pointers (mlagen_run)."""
+    _fields_ = [(n, ctypes.c_void_p) for n in ("q", "q_scale", "kv", "kv_scale", "qo_indptr", "kv_indptr",
+                                               "page_table", "kv_lens", "page_indptr", "last_page_len", "out",
+                                               "lse", "workspace")]
 
 
 class MlagenError(RuntimeError):
@@ -102,7 +114,10 @@ def lib(path: str | None = None):
         "mlagen_select": (ctypes.c_int, [P, I]),
         "mlagen_workspace_bytes": (ctypes.c_size_t, [P]),
         "mlagen_decode": (ctypes.c_int, [P, I, vp]),
-        "mlagen_decode_ptrs": (ctypes.c_int, [P, vp, vp, vp, vp, vp, vp, vp, vp]),
+        "mlagen_plan": (ctypes.c_int, [P, ctypes.POINTER(vp)]),
+        "mlagen_plan_info": (ctypes.c_int, [vp, I, ctypes.POINTER(ctypes.c_size_t)]),
+        "mlagen_run": (ctypes.c_int, [vp, ctypes.POINTER(Args), vp]),
+        "mlagen_plan_destroy": (None, [vp]),
         "mlagen_take_device_errors": (ctypes.c_int, [vp, vp, ctypes.POINTER(ctypes.c_uint32)]),
         "mlagen_last_error": (ctypes.c_char_p, []),
         "mlagen_status_name": (ctypes.c_char_p, [ctypes.c_int]),

@@ -15,6 +15,7 @@
 // Query: bf16 (as given) or fp8 (the arch's flavour) with a per-tensor float32 scale.
 #pragma once
 #include "mlagen/device/mla_common.cuh"
+#include "mlagen/device/kv_rows.cuh"
 
 namespace mlagen::device {
 
@@ -127,6 +128,26 @@ MLAGEN_DEVICE void mx_issue_scale_window(const uint8_t* scales, int64_t stride, 
   }
 }
 #endif
+
+// Paged KV whose pages are shorter than a tile: the tile's scale rows are not one run, so each
+// row's 18 scale bytes are copied on their own (plain loads and shared stores, thread `tid` of
+// kThreads), to window offset row * stride as the window would hold them (offset 0).
+template <int kBlockN, int kThreads, class Rows>
+MLAGEN_DEVICE void mx_issue_scale_rows(const uint8_t* scales, int64_t stride, const Rows& rows, int tok0, int valid_rows,
+                                       uint8_t* dst_ptr, int tid, bool& bad) {
+  for (int c = tid; c < valid_rows * kMxBlocks; c += kThreads) {
+    const int r = c / kMxBlocks, k = c % kMxBlocks;
+    dst_ptr[r * stride + k] = scales[rows.row(tok0 + r, bad) * stride + k];
+  }
+}
+
+// Where a tile's scale rows start in its stage's window: the tile's first scale byte modulo 16
+// when the tile is one run of rows (mx_issue_scale_window), 0 otherwise (mx_issue_scale_rows).
+template <int kBlockN, class Rows>
+MLAGEN_DEVICE int mx_scale_offset(const Rows& rows, int tok0, int64_t stride, bool& bad) {
+  if (!rows.template tile_contiguous<kBlockN>()) return 0;
+  return static_cast<int>((rows.row(tok0, bad) * stride) & 15);
+}
 
 // Dequantizes one mxfp4 stage (rows [0, kBlockN)) into a bf16 tile of row pitch
 // `out_pitch` bytes. Rows at or past `valid` become zeros (whatever their scale bytes),

@@ -33,6 +33,21 @@ inline Params make_params(const mlagen_problem* pr, int32_t splits) {
   p.part_o = reinterpret_cast<float*>(base + ws.o_offset);
   p.errors = reinterpret_cast<uint32_t*>(base);
   p.split_counters = reinterpret_cast<uint32_t*>(base + ws.cnt_offset);
+  p.lse = pr->lse;
+  p.lse_stride_token = pr->lse_stride_token;
+  if (pr->page_size > 0) {
+    p.page_table = pr->page_table;
+    p.page_table_stride = pr->page_table_stride;
+    p.page_table_len = pr->page_table_len;
+    p.page_table_width = pr->page_table_width;
+    int shift = 0;
+    while ((1 << shift) < pr->page_size) ++shift;
+    p.page_shift = shift;
+    p.num_pages = pr->total_kv >> shift;
+    p.kv_lens = pr->kv_lens;
+    p.page_indptr = pr->page_indptr;
+    p.last_page_len = pr->last_page_len;
+  }
   p.batch = pr->batch;
   p.splits = splits;
   p.total_q = pr->total_q;

@@ -97,6 +97,18 @@ MLAGEN_DEVICE float out_scale(float l, float o_scale, bool bad) {
   return bad ? quiet_nan() : (l > 0.f ? o_scale / l : 0.f);
 }
 
+// The convention: lse = ln sum_j exp(sm_scale * q.k_j) over the sequence's tokens, natural log
+// of the scaled scores (FlashAttention's / FlashMLA's softmax_lse and vLLM's merge_attn_states
+// take it so); -inf for an empty sequence, NaN for a flagged one. m is the running max of the
+// log2-domain scores the kernel subtracted, l the sum of 2^(s - m).
+constexpr float kLn2 = 0.6931471805599453f;
+MLAGEN_DEVICE float lse_of(float m, float l, bool bad) {
+  return bad || l != l ? quiet_nan() : (l > 0.f ? (m + log2f(l)) * kLn2 : -INFINITY);
+}
+MLAGEN_DEVICE void store_lse(const Params& p, int64_t q_row, int head, float m, float l, bool bad) {
+  if (p.lse) p.lse[q_row * p.lse_stride_token + head] = lse_of(m, l, bad);
+}
+
 // What a split leaves for the combine: (running max, running sum); NaN sum when flagged.
 MLAGEN_DEVICE float2 split_state(float m, float l, bool bad) { return make_float2(m, bad ? quiet_nan() : l); }
 
@@ -120,6 +132,7 @@ struct SplitMerge {
   MLAGEN_DEVICE float scale(float o_scale) const {
     return bad || lsum != lsum ? quiet_nan() : (lsum > 0.f ? o_scale / lsum : 0.f);
   }
+  MLAGEN_DEVICE float lse() const { return lse_of(mmax, lsum, bad); }
 };
 
 // Merges the splits of one (sequence, head): out = sum_s w_s O_s / sum_s w_s l_s with
@@ -164,6 +177,7 @@ __global__ void __launch_bounds__(128) mla_combine_kernel(const Params p) {
   v.x = pack_bf16x2(acc.x * inv, acc.y * inv);
   v.y = pack_bf16x2(acc.z * inv, acc.w * inv);
   *reinterpret_cast<uint2*>(p.out + q_row * p.out_stride_token + h * p.out_stride_head + 4 * threadIdx.x) = v;
+  if (threadIdx.x == 0 && p.lse) p.lse[q_row * p.lse_stride_token + h] = mg.lse();
 }
 
 }  // namespace mlagen::device

@@ -138,20 +138,36 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
   const float q_given = given_q_scale<T::kQ>(p);  // early: its round trip overlaps the q loads
   const SplitRange range = split_range(seq.len, split, splits, BN);
   const int ntiles = range.ntiles, tok_begin = range.tok_begin, tok_end = range.tok_end;
-  const uint8_t* kv = p.kv + seq.kv_begin * p.kv_stride_bytes;
+  const KvRows<Shape::kPage> rows = KvRows<Shape::kPage>::of(p, seq);
+  bool page_bad = false;  // a page id outside the cache (kv_rows.cuh)
+  const bool per_row = !rows.template tile_contiguous<BN>();  // pages shorter than a tile
+  TileIds<BN> next_ids;  // then the next tile's page ids, one row a lane
+  if (per_row) next_ids.load(rows, tok_begin, tok_end, lane);
   const float kv_scale = kv_scale_of(p);
   const float o_scale = kv_scale * kVDecodeScale;  // per decoded V unit
 
   auto issue_tile = [&](int tile, int stage) {
     const int tok0 = tok_begin + tile * BN;
     const uint32_t dst = smem_kv + stage * T::kStageBytes;
+    // one run of rows (contiguous, or pages of a tile or more): one base a tile; else a row
+    // address each (the branch outside the copy loop: compile-time for all but the generic kernel)
+    auto copies = [&](auto row_ptr) {
 #pragma unroll
-    for (int i = 0; i < T::kCopiesPerThread; ++i) {
-      const int idx = threadIdx.x + i * T::kThreads;
-      const int row = idx / T::kChunksPerRow, col = idx % T::kChunksPerRow;
-      const bool ok = tok0 + row < tok_end;
-      const uint8_t* src = kv + static_cast<int64_t>(ok ? tok0 + row : tok_begin) * p.kv_stride_bytes + col * 16;
-      cp_async_16(dst + row * T::kRowBytes + col * 16, src, ok);
+      for (int i = 0; i < T::kCopiesPerThread; ++i) {
+        const int idx = threadIdx.x + i * T::kThreads;
+        const int row = idx / T::kChunksPerRow, col = idx % T::kChunksPerRow;
+        const bool ok = tok0 + row < tok_end;
+        const uint8_t* src = row_ptr(row);  // (every lane: the paged form shuffles)
+        cp_async_16(dst + row * T::kRowBytes + col * 16, ok ? src + col * 16 : p.kv, ok);
+      }
+    };
+    if (!per_row) {
+      const uint8_t* base = rows.ptr(tok0, page_bad);
+      copies([&](int row) { return base + row * p.kv_stride_bytes; });
+    } else {  // pages shorter than a tile: the ids loaded a tile ago
+      const TileIds<BN> ids = next_ids;
+      if (tile + 1 < ntiles) next_ids.load(rows, tok0 + BN, tok_end, lane);
+      copies([&](int row) { return p.kv + ids.row(rows, tok0, row, page_bad) * p.kv_stride_bytes; });
     }
   };
 
@@ -267,6 +283,7 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
     }
   }
   cp_async_wait<0>();
+  const bool bad = rows.block_any_bad(p, page_bad) || seq.bad;
 
   quad_sum(l);
 
@@ -275,7 +292,8 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
   if (splits == 1) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float inv = out_scale(l[r], o_scale, seq.bad);
+      const float inv = out_scale(l[r], o_scale, bad);
+      if (warp == 0 && t == 0) store_lse(p, seq.q_row, g + 8 * r, m[r], l[r], bad);
       uint16_t* out = p.out + seq.q_row * p.out_stride_token + (g + 8 * r) * p.out_stride_head;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -301,7 +319,7 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
             make_float4(o[i][0][2 * r + 1], o[i][1][2 * r + 1], o[i][2][2 * r + 1], o[i][3][2 * r + 1]);
       }
       if (warp == 0 && t == 0)
-        p.part_ml[slot * kHeads + g + 8 * r] = split_state(m[r], l[r], seq.bad);
+        p.part_ml[slot * kHeads + g + 8 * r] = split_state(m[r], l[r], bad);
     }
   }
 }
@@ -331,28 +349,49 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
   const float q_given = given_q_scale<T::kQ>(p);  // early: its round trip overlaps the q loads
   const SplitRange range = split_range(seq.len, split, splits, BN);
   const int ntiles = range.ntiles, tok_begin = range.tok_begin, tok_end = range.tok_end;
-  const uint8_t* kv = p.kv + seq.kv_begin * p.kv_stride_bytes;
+  const KvRows<Shape::kPage> rows = KvRows<Shape::kPage>::of(p, seq);
+  bool page_bad = false;  // a page id outside the cache (kv_rows.cuh)
+  const bool per_row = !rows.template tile_contiguous<BN>();  // pages shorter than a tile
+  TileIds<BN> next_ids;  // then the next tile's page ids, one row a lane
+  if (per_row) next_ids.load(rows, tok_begin, tok_end, lane);
 
   auto issue_tile = [&](int tile, int stage) {
     const int tok0 = tok_begin + tile * BN;
     const uint32_t dst = smem_kv + stage * T::kStageBytes;
     constexpr int kRowPitch = kMx ? kMxRowBytes : T::kRowBytes;
     // bf16 tiles are 18 copies a thread: a rolled loop keeps 18 source pointers out of
-    // the registers (unrolled, the kernel spilled at 255 registers).
+    // the registers (unrolled, the kernel spilled at 255 registers). One run of rows: one base a
+    // tile; else a row address each (the branch outside the copy loop, as in decode_fp8).
+    auto copies = [&](auto row_ptr) {
 #pragma unroll 2
-    for (int i = 0; i < T::kCopiesPerThread; ++i) {
-      const int idx = threadIdx.x + i * T::kThreads;
-      if (T::kChunksPerTile % T::kThreads == 0 || idx < T::kChunksPerTile) {
-        const int row = idx / T::kChunksPerRow, col = idx % T::kChunksPerRow;
-        const bool ok = tok0 + row < tok_end;
-        const uint8_t* src = kv + static_cast<int64_t>(ok ? tok0 + row : tok_begin) * p.kv_stride_bytes + col * 16;
-        cp_async_16(dst + row * kRowPitch + col * 16, src, ok);
+      for (int i = 0; i < T::kCopiesPerThread; ++i) {
+        const int idx = threadIdx.x + i * T::kThreads;
+        const int row = min(idx / T::kChunksPerRow, BN - 1), col = idx % T::kChunksPerRow;
+        const uint8_t* src = row_ptr(row);  // (every lane, before the guard: the paged form shuffles)
+        if (T::kChunksPerTile % T::kThreads == 0 || idx < T::kChunksPerTile) {
+          const bool ok = tok0 + row < tok_end;
+          cp_async_16(dst + row * kRowPitch + col * 16, ok ? src + col * 16 : p.kv, ok);
+        }
       }
+    };
+    if (!per_row) {
+      const uint8_t* base = rows.ptr(tok0, page_bad);
+      copies([&](int row) { return base + row * p.kv_stride_bytes; });
+    } else {  // pages shorter than a tile: the ids loaded a tile ago
+      const TileIds<BN> ids = next_ids;
+      if (tile + 1 < ntiles) next_ids.load(rows, tok0 + BN, tok_end, lane);
+      copies([&](int row) { return p.kv + ids.row(rows, tok0, row, page_bad) * p.kv_stride_bytes; });
     }
-    if constexpr (kMx)  // the scale rows of the tile's tokens, through an aligned window
-      mx_issue_scale_window<BN, T::kThreads>(p.kv_scales, p.kv_scales_stride, p.total_kv, seq.kv_begin + tok0,
-                                             min(BN, tok_end - tok0), dst + MxStage<BN>::kDataBytes,
-                                             smem + stage * T::kStageBytes + MxStage<BN>::kDataBytes, threadIdx.x);
+    if (!per_row) rows.template prefetch_ids<BN>(tok0 + BN, tok_end, threadIdx.x);
+    if constexpr (kMx) {  // the scale rows of the tile's tokens, through an aligned window
+      uint8_t* win = smem + stage * T::kStageBytes + MxStage<BN>::kDataBytes;
+      if (rows.template tile_contiguous<BN>())
+        mx_issue_scale_window<BN, T::kThreads>(p.kv_scales, p.kv_scales_stride, p.total_kv, rows.row(tok0, page_bad),
+                                               min(BN, tok_end - tok0), dst + MxStage<BN>::kDataBytes, win, threadIdx.x);
+      else
+        mx_issue_scale_rows<BN, T::kThreads>(p.kv_scales, p.kv_scales_stride, rows, tok0, min(BN, tok_end - tok0), win,
+                                             threadIdx.x, page_bad);
+    }
   };
 
   float o[16][4];  // n8 tile n: dims warp*128 + 8n + 2t, +1 of rows g ([0], [1]) and g+8 ([2], [3])
@@ -405,8 +444,8 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
     uint32_t tile = smem_kv + (it % ST) * T::kStageBytes;
     if constexpr (kMx) {
       const int tok0 = tok_begin + it * BN;
-      const MxScaleWindow win = mx_scale_window(seq.kv_begin + tok0, min(BN, valid), p.kv_scales_stride);
-      mxfp4_stage_to_bf16<BN, T::kThreads>(smem + (it % ST) * T::kStageBytes, static_cast<int>(win.first - win.start),
+      mxfp4_stage_to_bf16<BN, T::kThreads>(smem + (it % ST) * T::kStageBytes,
+                                           mx_scale_offset<BN>(rows, tok0, p.kv_scales_stride, page_bad),
                                            p.kv_scales_stride, valid, dec, T::kRowBytes, threadIdx.x);
       __syncthreads();  // the bf16 tile is complete
       tile = smem_addr(dec);
@@ -457,13 +496,15 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
     }
   }
   cp_async_wait<0>();
+  const bool bad = rows.block_any_bad(p, page_bad) || seq.bad;
 
   quad_sum(l);
 
   if (splits == 1) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float inv = out_scale(l[r], 1.f, seq.bad);
+      const float inv = out_scale(l[r], 1.f, bad);
+      if (warp == 0 && t == 0) store_lse(p, seq.q_row, g + 8 * r, m[r], l[r], bad);
       uint16_t* out = p.out + seq.q_row * p.out_stride_token + (g + 8 * r) * p.out_stride_head +
                       warp * T::kVDimsPerWarp + 2 * t;
 #pragma unroll
@@ -477,7 +518,7 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
       float* po = p.part_o + (slot * kHeads + g + 8 * r) * kVDim + warp * T::kVDimsPerWarp + 2 * t;
 #pragma unroll
       for (int n = 0; n < 16; ++n) *reinterpret_cast<float2*>(po + 8 * n) = make_float2(o[n][2 * r], o[n][2 * r + 1]);
-      if (warp == 0 && t == 0) p.part_ml[slot * kHeads + g + 8 * r] = split_state(m[r], l[r], seq.bad);
+      if (warp == 0 && t == 0) p.part_ml[slot * kHeads + g + 8 * r] = split_state(m[r], l[r], bad);
     }
   }
 }

@@ -16,7 +16,8 @@
 //   wide path: bf16 rows (bf16 KV as stored, or mxfp4 dequantized into a bf16 tile in LDS
 //              once per tile) feed bf16 MFMA; P is rounded to bf16.
 // The query is bf16, or fp8 with a per-tensor scale folded into S. Split-range,
-// online-softmax and combine formulas come from mla_common.cuh.
+// online-softmax, LSE and combine formulas come from mla_common.cuh; the tile loaders ask
+// kv_rows.cuh where a token's row is (contiguous or paged KV).
 //
 // Pipeline (v1): a tile is loaded into registers while the previous one is computed
 // from LDS, then stored to LDS (kStages must be 2: one tile in registers, one in LDS).
@@ -66,6 +67,14 @@ struct Tiling : TileGeometry<kBlockN_, kStages_, /*waves=*/4> {
   static_assert(kSmemBytes <= gfx9::kLdsBytes, "LDS over the arch's limit: smaller block_n");
 };
 
+// Token t's KV row: contiguous KV as before paging, from the sequence's first row `kv` (kept
+// out of the loop: the contiguous kernels' loads stay what they were), paged KV through
+// kv_rows.cuh (a bad page id sets `bad`).
+template <class Rows>
+MLAGEN_DEVICE const uint8_t* kv_row(const Rows& rows, const uint8_t* kv, int64_t stride, int t, bool& bad) {
+  return rows.paged() ? rows.ptr(t, bad) : kv + static_cast<int64_t>(t) * stride;
+}
+
 // ---- fp8 path ---------------------------------------------------------------------------
 // Sums the 4 waves' partial S^T tiles through LDS, masks tokens past `valid` and takes the
 // online-softmax step for head i (log2 domain). On return s holds the unnormalized P^T,
@@ -113,15 +122,18 @@ MLAGEN_DEVICE void softmax_tile(gfx9::f32x4 (&s)[T::kMTiles], gfx9::f32x4* red, 
 }
 
 // Lane (i, j) holds head i, dims wave*128 + 64*blk + 16j + (4r + u) = o[blk][u][r]: the
-// bf16 output (one split) or the split's partial (O, m, l). l: this lane's share.
+// bf16 output and its LSE (one split) or the split's partial (O, m, l). l: this lane's share;
+// m is the same in every lane of head i (every wave takes the same softmax step). bad: the
+// block's verdict (block_any_bad), NaN output.
 template <class T>
 MLAGEN_DEVICE void write_result(const Params& p, const gfx9::f32x4 (&o)[2][4], float m, float l, float o_scale,
-                                const Sequence& seq, int b, int split, int splits, int wave, int lane) {
+                                const Sequence& seq, bool bad, int b, int split, int splits, int wave, int lane) {
   const int i = lane & 15, j = lane >> 4;
   l += __shfl_xor(l, 16);
   l += __shfl_xor(l, 32);
   if (splits == 1) {
-    const float inv = out_scale(l, o_scale, seq.bad);
+    const float inv = out_scale(l, o_scale, bad);
+    if (wave == 0 && j == 0) store_lse(p, seq.q_row, i, m, l, bad);
     uint16_t* out = p.out + seq.q_row * p.out_stride_token + i * p.out_stride_head + wave * T::kVDimsPerWarp + 16 * j;
 #pragma unroll
     for (int blk = 0; blk < 2; ++blk) {
@@ -141,7 +153,7 @@ MLAGEN_DEVICE void write_result(const Params& p, const gfx9::f32x4 (&o)[2][4], f
       for (int e = 0; e < 16; e += 4)
         *reinterpret_cast<float4*>(po + 64 * blk + e) =
             make_float4(o[blk][0][e / 4], o[blk][1][e / 4], o[blk][2][e / 4], o[blk][3][e / 4]);
-    if (wave == 0 && j == 0) p.part_ml[slot * kHeads + i] = split_state(m, l, seq.bad);
+    if (wave == 0 && j == 0) p.part_ml[slot * kHeads + i] = split_state(m, l, bad);
   }
 }
 
@@ -159,7 +171,9 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
   const float q_given = given_q_scale<T::kQ>(p);  // early: its round trip overlaps the q loads
   const SplitRange range = split_range(seq.len, split, splits, BN);
   const int ntiles = range.ntiles, tok_begin = range.tok_begin, tok_end = range.tok_end;
-  const uint8_t* kv = p.kv + seq.kv_begin * p.kv_stride_bytes;
+  const KvRows<Shape::kPage> rows = KvRows<Shape::kPage>::of(p, seq);
+  bool page_bad = false;  // a page id outside the cache (kv_rows.cuh)
+  const uint8_t* kv = p.kv + seq.kv_begin * p.kv_stride_bytes;  // contiguous KV: the sequence's first row
   const float kv_scale = kv_scale_of(p);
   const QQuant qq = q_setup<T::kQ>(p, q_given);
   int q_shift = 0;  // a bf16 q beyond f16's range: f16_q_shift (this wave's slice)
@@ -190,7 +204,7 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
       const int idx = threadIdx.x + k * T::kThreads;
       const int row = idx / T::kChunksPerRow, col = idx % T::kChunksPerRow;
       const bool ok = idx < T::kChunksPerTile && tok0 + row < tok_end;
-      staged[k] = ok ? *reinterpret_cast<const uint4*>(kv + static_cast<int64_t>(tok0 + row) * p.kv_stride_bytes +
+      staged[k] = ok ? *reinterpret_cast<const uint4*>(kv_row(rows, kv, p.kv_stride_bytes, tok0 + row, page_bad) +
                                                        col * 16)
                      : make_uint4(0u, 0u, 0u, 0u);
     }
@@ -267,7 +281,8 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
     }
   }
 
-  write_result<T>(p, o, m, l, o_scale, seq, b, split, splits, wave, lane);
+  const bool bad = rows.block_any_bad(p, page_bad) || seq.bad;
+  write_result<T>(p, o, m, l, o_scale, seq, bad, b, split, splits, wave, lane);
 }
 
 // ---- wide path (bf16 and mxfp4 KV) ------------------------------------------------------
@@ -281,9 +296,10 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
 // Pipeline: the next tile is loaded into registers while this one is computed, as in the
 // fp8 path, but into ONE LDS tile: storing waits for every wave to be done with the
 // previous tile (bf16: one barrier more a tile; mxfp4: the dequantize barrier does it).
-// mxfp4: the registers hold the packed rows and the tile's scale window; they are stored
-// into the MxStage, which the block dequantizes into the bf16 tile (rows past the valid
-// tokens become zeros) before the products.
+// mxfp4: the registers hold the packed rows and the tile's scale window (its bytes one by one
+// when paged rows are not one run: MxScaleBytes); they are stored into the MxStage,
+// which the block dequantizes into the bf16 tile (rows past the valid tokens become zeros)
+// before the products.
 
 // 16 bytes of the scale tensor from `at` (16-byte aligned), of which only the bytes below
 // `end` are read; the rest come back zero. The last chunk of a window thus never reads
@@ -299,6 +315,37 @@ MLAGEN_DEVICE uint4 load_scale_chunk(const uint8_t* scales, int64_t at, int64_t 
   }
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
+
+// A tile that is not one run of rows (paged, pages shorter than the tile): its scale bytes
+// one by one, in mx_issue_scale_rows' order and layout (byte c = tid + kThreads k of the tile
+// is row c / 18's block c % 18, at window offset (c / 18) * stride + c % 18; window offset 0).
+// Thread `tid` stages its (at most 4) bytes in the words of the uint4 that holds its window
+// chunk on the run route, so the paged route costs the pipeline no registers; rows >= valid
+// stage 0 (the dequantize ignores their scales).
+template <int kBlockN, int kThreads>
+struct MxScaleBytes {
+  static constexpr int kPerThread = (kBlockN * kMxBlocks + kThreads - 1) / kThreads;
+  static_assert(kPerThread <= 4, "a uint4 a thread holds the tile's scale bytes");
+  template <class Rows>
+  MLAGEN_DEVICE static uint4 load(const uint8_t* scales, int64_t stride, const Rows& rows, int tok0, int valid, int tid,
+                                  bool& bad) {
+    uint32_t w[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) {
+      const int c = tid + kThreads * k, r = c / kMxBlocks;
+      if (r < valid) w[k] = scales[rows.row(tok0 + r, bad) * stride + c % kMxBlocks];
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+  }
+  MLAGEN_DEVICE static void store(uint4 v, uint8_t* window, int64_t stride, int tid) {
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) {
+      const int c = tid + kThreads * k;
+      if (c < kBlockN * kMxBlocks) window[(c / kMxBlocks) * stride + c % kMxBlocks] = static_cast<uint8_t>(w[k]);
+    }
+  }
+};
 
 template <class T, class Shape>
 MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
@@ -318,7 +365,9 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
   const float q_given = given_q_scale<T::kQ>(p);  // early: its round trip overlaps the q loads
   const SplitRange range = split_range(seq.len, split, splits, BN);
   const int ntiles = range.ntiles, tok_begin = range.tok_begin, tok_end = range.tok_end;
-  const uint8_t* kv = p.kv + seq.kv_begin * p.kv_stride_bytes;
+  const KvRows<Shape::kPage> rows = KvRows<Shape::kPage>::of(p, seq);
+  bool page_bad = false;  // a page id outside the cache (kv_rows.cuh)
+  const uint8_t* kv = p.kv + seq.kv_begin * p.kv_stride_bytes;  // contiguous KV: the sequence's first row
   const QQuant qq = q_setup<T::kQ>(p, q_given);
   const float s_scale = qq.scale * p.sm_scale * kLog2e;  // log2 domain; no KV scale
   const int d0 = wave * QC * 16;  // this wave's first QK dim
@@ -339,7 +388,8 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
   }
 
   uint4 staged[T::kCopiesPerThread];
-  uint4 staged_sc = make_uint4(0u, 0u, 0u, 0u);  // mxfp4: 16 bytes of the tile's scale window
+  uint4 staged_sc = make_uint4(0u, 0u, 0u, 0u);  // mxfp4: 16 bytes of the tile's scale window (or MxBytes')
+  using MxBytes = MxScaleBytes<BN, T::kThreads>;
   auto load_tile = [&](int t) {
     const int tok0 = tok_begin + t * BN;
 #pragma unroll
@@ -347,14 +397,18 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
       const int idx = threadIdx.x + k * T::kThreads;
       const int row = idx / T::kChunksPerRow, col = idx % T::kChunksPerRow;
       const bool ok = (T::kChunksPerTile % T::kThreads == 0 || idx < T::kChunksPerTile) && tok0 + row < tok_end;
-      staged[k] = ok ? *reinterpret_cast<const uint4*>(kv + static_cast<int64_t>(tok0 + row) * p.kv_stride_bytes +
+      staged[k] = ok ? *reinterpret_cast<const uint4*>(kv_row(rows, kv, p.kv_stride_bytes, tok0 + row, page_bad) +
                                                        col * 16)
                      : make_uint4(0u, 0u, 0u, 0u);
     }
     if constexpr (kMx) {
-      const MxScaleWindow win = mx_scale_window(seq.kv_begin + tok0, min(BN, tok_end - tok0), p.kv_scales_stride);
-      if (threadIdx.x < MxStage<BN>::kScaleChunks)
+      const int valid = min(BN, tok_end - tok0);
+      if (!rows.template tile_contiguous<BN>()) {  // pages shorter than the tile: byte by byte
+        staged_sc = MxBytes::load(p.kv_scales, p.kv_scales_stride, rows, tok0, valid, threadIdx.x, page_bad);
+      } else if (threadIdx.x < MxStage<BN>::kScaleChunks) {  // one run of rows: the aligned window
+        const MxScaleWindow win = mx_scale_window(rows.row(tok0, page_bad), valid, p.kv_scales_stride);
         staged_sc = load_scale_chunk(p.kv_scales, win.start + 16 * threadIdx.x, win.end);
+      }
     }
   };
   auto store_tile = [&]() {
@@ -367,9 +421,12 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
         *reinterpret_cast<uint4*>(stage + row * kPitch + col * 16) = staged[k];
       }
     }
-    if constexpr (kMx)
-      if (threadIdx.x < MxStage<BN>::kScaleChunks)
+    if constexpr (kMx) {
+      if (!rows.template tile_contiguous<BN>())
+        MxBytes::store(staged_sc, stage + MxStage<BN>::kDataBytes, p.kv_scales_stride, threadIdx.x);
+      else if (threadIdx.x < MxStage<BN>::kScaleChunks)
         *reinterpret_cast<uint4*>(stage + MxStage<BN>::kDataBytes + 16 * threadIdx.x) = staged_sc;
+    }
   };
 
   // O^T accumulators: [64-dim block][tile u]; tile u maps its row m to dim 4m + u of the
@@ -390,9 +447,8 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
     if (it + 1 < ntiles) load_tile(it + 1);  // in flight while this tile is computed
     const int tok0 = tok_begin + it * BN, valid = tok_end - tok0;
     if constexpr (kMx) {
-      const MxScaleWindow win = mx_scale_window(seq.kv_begin + tok0, min(BN, valid), p.kv_scales_stride);
-      mxfp4_stage_to_bf16<BN, T::kThreads>(stage, static_cast<int>(win.first - win.start), p.kv_scales_stride, valid,
-                                           smem + T::kStageBytes, RB, threadIdx.x);
+      mxfp4_stage_to_bf16<BN, T::kThreads>(stage, mx_scale_offset<BN>(rows, tok0, p.kv_scales_stride, page_bad),
+                                           p.kv_scales_stride, valid, smem + T::kStageBytes, RB, threadIdx.x);
       __syncthreads();  // the bf16 tile is complete
     }
 
@@ -439,7 +495,8 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
     if constexpr (!kMx) __syncthreads();  // bf16: every wave is done reading the tile
   }
 
-  write_result<T>(p, o, m, l, /*o_scale=*/1.f, seq, b, split, splits, wave, lane);
+  const bool bad = rows.block_any_bad(p, page_bad) || seq.bad;
+  write_result<T>(p, o, m, l, /*o_scale=*/1.f, seq, bad, b, split, splits, wave, lane);
 }
 
 template <class T, class Shape>

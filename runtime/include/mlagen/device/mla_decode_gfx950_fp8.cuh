@@ -17,6 +17,8 @@
 // (lane l of instruction n carries bytes [1024 n + 16 l, +16) of the tile, rows unpadded),
 // two stages a wave, issued and computed in pairs (see the loop). Rows past the split's end
 // are fetched as the last valid row again (finite data that P = 0 masks): no lane branches.
+// Rows come through kv_rows.cuh (contiguous or paged; a tile within one page is one run of
+// rows, shorter pages take issue_tile's per-row route).
 //
 // Softmax: log2 domain, lazy rescale: the running max m moves only when a tile's max exceeds
 // it by more than kLazyLog2 (wave-uniform test), so O (128 registers) is rescaled a handful of
@@ -81,9 +83,10 @@ static __shared__ __attribute__((aligned(128))) uint8_t lds_stage1[Tl::kWarps * 
 static __shared__ __attribute__((aligned(16))) uint8_t lds_ml[Tl::kMlBytes + 16];
 
 // Issues tile `tok0` (rows tok0 .. tok0 + 31, those >= tok_end fetched as row tok_end - 1)
-// into `stage`: kDmaPerTile instructions, lane l of instruction n carrying chunk 64 n + l.
+// into `stage`, token t's row at kv + t * stride: kDmaPerTile instructions, lane l of
+// instruction n carrying chunk 64 n + l.
 template <class T>
-MLAGEN_DEVICE void issue_tile(const uint8_t* kv, int64_t stride, int tok0, int tok_end, uint8_t* stage, int lane) {
+MLAGEN_DEVICE void issue_rows(const uint8_t* kv, int64_t stride, int tok0, int tok_end, uint8_t* stage, int lane) {
   if (stride == kQkDim && tok_end - tok0 >= T::kBlockN) {  // contiguous full tile: one linear copy
     const uint8_t* src = kv + static_cast<int64_t>(tok0) * kQkDim + 16 * lane;
 #pragma unroll
@@ -95,6 +98,23 @@ MLAGEN_DEVICE void issue_tile(const uint8_t* kv, int64_t stride, int tok0, int t
       const int tok = min(tok0 + row, tok_end - 1);
       lds_dma16(kv + static_cast<int64_t>(tok) * stride + 16 * col, stage + 1024 * n);
     }
+  }
+}
+
+// The tile through kv_rows.cuh, wave-uniform routes: contiguous KV is issue_rows from the
+// sequence's first row `kv` (the route before paging: the contiguous kernels compile nothing
+// else); a tile within one page (pages of >= 32 rows) is issue_rows from the tile's first row;
+// pages shorter than the tile look each row up.
+template <class T, class Rows>
+MLAGEN_DEVICE void issue_tile(const Rows& rows, const uint8_t* kv, int64_t stride, int tok0, int tok_end,
+                              uint8_t* stage, int lane, bool& bad) {
+  if (!rows.paged()) return issue_rows<T>(kv, stride, tok0, tok_end, stage, lane);
+  if (rows.template tile_contiguous<T::kBlockN>())
+    return issue_rows<T>(rows.ptr(tok0, bad), stride, 0, tok_end - tok0, stage, lane);
+#pragma unroll
+  for (int n = 0; n < T::kDmaPerTile; ++n) {
+    const int c = 64 * n + lane, row = c / (kQkDim / 16), col = c - row * (kQkDim / 16);
+    lds_dma16(rows.ptr(min(tok0 + row, tok_end - 1), bad) + 16 * col, stage + 1024 * n);
   }
 }
 
@@ -220,7 +240,7 @@ MLAGEN_DEVICE void accumulate_pv(const uint8_t* stage, uint64_t pb, int i, int j
 }
 
 // Merges the splits' partials of sequence b for head h, dims d0 .. d0 + 31 (SplitMerge, as
-// mla_combine_kernel does) and writes the bf16 row.
+// mla_combine_kernel does) and writes the bf16 row; the thread of dims 0 .. 31 writes the LSE.
 MLAGEN_DEVICE void merge_splits(const Params& p, int b, int splits, int64_t q_row, int h, int d0, float o_scale) {
   const int64_t slot0 = static_cast<int64_t>(b) * splits;
   SplitMerge mg;
@@ -248,6 +268,7 @@ MLAGEN_DEVICE void merge_splits(const Params& p, int b, int splits, int64_t q_ro
                         pack_bf16x2(acc[8 * q + 2] * inv, acc[8 * q + 3] * inv),
                         pack_bf16x2(acc[8 * q + 4] * inv, acc[8 * q + 5] * inv),
                         pack_bf16x2(acc[8 * q + 6] * inv, acc[8 * q + 7] * inv));
+  if (d0 == 0 && p.lse) p.lse[q_row * p.lse_stride_token + h] = mg.lse();
 }
 }  // namespace native_fp8
 #endif  // __gfx950__
@@ -265,7 +286,9 @@ MLAGEN_DEVICE void decode_fp8_native(const Params& p, uint8_t* /*smem: unused, s
   const Sequence seq = Shape::sequence(p, b);
   const float q_given = given_q_scale<T::kQ>(p);
   const SplitRange range = split_range(seq.len, split, splits, BN);
-  const uint8_t* kv = p.kv + seq.kv_begin * p.kv_stride_bytes;
+  const KvRows<Shape::kPage> rows = KvRows<Shape::kPage>::of(p, seq);
+  bool page_bad = false;  // a page id outside the cache (kv_rows.cuh)
+  const uint8_t* kv = p.kv + seq.kv_begin * p.kv_stride_bytes;  // contiguous KV: the sequence's first row
   const int64_t stride = p.kv_stride_bytes;
   // this wave's tiles (wave-uniform: scalar branches)
   const int ntiles = __builtin_amdgcn_readfirstlane(range.ntiles > wave ? (range.ntiles - wave + W - 1) / W : 0);
@@ -289,8 +312,8 @@ MLAGEN_DEVICE void decode_fp8_native(const Params& p, uint8_t* /*smem: unused, s
   // has no alias scopes for these accesses), which would leave one tile a wave in flight. Two
   // a wave, 8 (147 KB) a CU, keep HBM busy while the pair is computed: docs/perf.md (AMD).
   auto issue_pair = [&](int k) {
-    if (k < ntiles) issue_tile<T>(kv, stride, tok0_of(k), range.tok_end, stage0, lane);
-    if (k + 1 < ntiles) issue_tile<T>(kv, stride, tok0_of(k + 1), range.tok_end, stage1, lane);
+    if (k < ntiles) issue_tile<T>(rows, kv, stride, tok0_of(k), range.tok_end, stage0, lane, page_bad);
+    if (k + 1 < ntiles) issue_tile<T>(rows, kv, stride, tok0_of(k + 1), range.tok_end, stage1, lane, page_bad);
   };
   issue_pair(0);  // in flight while q is loaded and quantized
   const QQuant qq = q_setup<T::kQ>(p, q_given);
@@ -307,6 +330,7 @@ MLAGEN_DEVICE void decode_fp8_native(const Params& p, uint8_t* /*smem: unused, s
     if (k + 1 < ntiles) step(k + 1, stage1);
     issue_pair(k + 2);
   }
+  const bool bad = rows.block_any_bad(p, page_bad) || seq.bad;  // every wave's tiles are issued
 
   // ---- merge the 4 waves (LDS: the stages are free once every wave is past its loop) ----
   auto o_slot = [](int v) {  // wave v's O, [head][512] fp32
@@ -361,7 +385,8 @@ MLAGEN_DEVICE void decode_fp8_native(const Params& p, uint8_t* /*smem: unused, s
   }
 
   if (splits == 1) {
-    const float inv = out_scale(lh, kv_scale, seq.bad);
+    const float inv = out_scale(lh, kv_scale, bad);
+    if (threadIdx.x % 16 == 0) store_lse(p, seq.q_row, h, mh, lh, bad);
     uint4* out = reinterpret_cast<uint4*>(p.out + seq.q_row * p.out_stride_token + h * p.out_stride_head + d0);
 #pragma unroll
     for (int e = 0; e < 32; e += 8)
@@ -374,7 +399,7 @@ MLAGEN_DEVICE void decode_fp8_native(const Params& p, uint8_t* /*smem: unused, s
   float4* po = reinterpret_cast<float4*>(p.part_o + (slot * kHeads + h) * kVDim + d0);
 #pragma unroll
   for (int e = 0; e < 32; e += 4) po[e / 4] = make_float4(acc[e], acc[e + 1], acc[e + 2], acc[e + 3]);
-  if (threadIdx.x % 16 == 0) p.part_ml[slot * kHeads + h] = split_state(mh, lh, seq.bad);
+  if (threadIdx.x % 16 == 0) p.part_ml[slot * kHeads + h] = split_state(mh, lh, bad);
   __threadfence();  // release: this block's partial before its arrival
   __syncthreads();
   int* last = reinterpret_cast<int*>(lds_ml + T::kMlBytes);

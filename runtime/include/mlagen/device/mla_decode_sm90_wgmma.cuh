@@ -27,13 +27,9 @@
 
 #if defined(MLAGEN_NVIDIA)
 #include <type_traits>
-// Experiments only (wrong results on purpose; .ci/gpu exp): bit 0 skips the S wgmmas, bit 1
-// the O wgmmas, bit 2 the mxfp4 expansion (the tile keeps whatever it held).
-#ifndef MLAGEN_WG_EXP
-#define MLAGEN_WG_EXP 0
-#endif
-// Experiments only (bench/breakdown.py trace): thread 0 of every block stores %globaltimer at
-// kTracePoints points of its run into the workspace, 32 MiB in (the caller makes it that big).
+// MLAGEN_WG_TRACE (off unless defined; bench/breakdown.py builds a library with it): thread 0
+// of every block stores %globaltimer at kTracePoints points of its run into the workspace,
+// 32 MiB in (the caller makes it that big). Off, mark() compiles to nothing.
 #ifndef MLAGEN_WG_TRACE
 #define MLAGEN_WG_TRACE 0
 #endif
@@ -136,7 +132,8 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   const float q_given = given_q_scale<T::kQ>(p);  // early: its round trip overlaps the q loads
   const SplitRange range = split_range(seq.len, split, splits, BN);
   const int ntiles = range.ntiles, tok_begin = range.tok_begin, tok_end = range.tok_end;
-  const uint8_t* kv = p.kv + seq.kv_begin * p.kv_stride_bytes;
+  const KvRows<Shape::kPage> rows = KvRows<Shape::kPage>::of(p, seq);
+  bool page_bad = false;  // a page id outside the cache (kv_rows.cuh)
   const float kv_scale = kv_scale_of(p);
   uint64_t* const trace = MLAGEN_WG_TRACE ? reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(p.errors) + kTraceOffset) +
                                                 kTracePoints * (static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x)
@@ -162,6 +159,10 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   // one 64-bit base a tile, a 32-bit row step, immediates for the rest, no predicates (the
   // general path spent ~200 instructions a warp and tile on addresses, docs/perf.md v4).
   const int64_t stride = p.kv_stride_bytes;
+  // pages shorter than a tile (fp8): the next tile's page ids, one row a lane, a tile ahead
+  const bool per_row = !kMx && !rows.template tile_contiguous<BN>();
+  TileIds<BN> next_ids;
+  if (per_row) next_ids.load(rows, tok_begin, tok_end, lane);
   const uint32_t src_main = static_cast<uint32_t>(row_main * stride) + c8 * 16;  // < 2^31: rows < 64
   const uint32_t src_rope = static_cast<uint32_t>(row_rope * stride) + 512 + c4 * 16;
   const uint32_t step16 = static_cast<uint32_t>(16 * stride);
@@ -170,9 +171,11 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
       const int tok0 = tok_begin + j * BN;
       const int rows_left = tok_end - tok0;
       const uint32_t off = L::kStageBytes + (j % ST) * L::kPackedStageBytes;
-      const uint8_t* base = kv + static_cast<int64_t>(tok0) * stride;
+      const bool run = rows.template tile_contiguous<BN>();
+      const int64_t row0 = rows.row(tok0, page_bad);
       constexpr int kChunks = kMxRowBytes / 16, kCopies = BN * kChunks / L::kThreads;  // 18 a row, 9 a thread
-      if (rows_left >= BN && stride == kMxRowBytes) {  // whole tile, rows back to back (the usual layout)
+      if (rows_left >= BN && stride == kMxRowBytes && run) {  // whole tile, rows back to back (the usual layout)
+        const uint8_t* base = p.kv + row0 * stride;
 #pragma unroll
         for (int i = 0; i < kCopies; ++i)
           cp_async_16_full(s_base + off + 16 * tid + i * 16 * L::kThreads, base + (16 * tid + i * 16 * L::kThreads));
@@ -181,18 +184,38 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
         for (int i = 0; i < kCopies; ++i) {
           const int idx = tid + i * L::kThreads, row = idx / kChunks, col = idx % kChunks;
           const bool ok = row < rows_left;
-          cp_async_16(s_base + off + row * L::kMxPitch + col * 16, ok ? base + static_cast<int64_t>(row) * stride + col * 16 : kv, ok);
+          cp_async_16(s_base + off + row * L::kMxPitch + col * 16, ok ? rows.ptr(tok0 + row, page_bad) + col * 16 : p.kv, ok);
         }
       }
-      mx_issue_scale_window<BN, L::kThreads>(p.kv_scales, p.kv_scales_stride, p.total_kv, seq.kv_begin + tok0,
-                                             min(BN, rows_left), s_base + off + L::kPackedBytes,
-                                             smem + off + L::kPackedBytes, tid);
+      if (run)
+        mx_issue_scale_window<BN, L::kThreads>(p.kv_scales, p.kv_scales_stride, p.total_kv, row0, min(BN, rows_left),
+                                               s_base + off + L::kPackedBytes, smem + off + L::kPackedBytes, tid);
+      else
+        mx_issue_scale_rows<BN, L::kThreads>(p.kv_scales, p.kv_scales_stride, rows, tok0, min(BN, rows_left),
+                                             smem + off + L::kPackedBytes, tid, page_bad);
     } else if (!kMx && j < ntiles) {
       const int tok0 = tok_begin + j * BN;
       const int rows_left = tok_end - tok0;
       const uint32_t dst = s_base + (j % ST) * L::kStageBytes;
-      const uint8_t* base = kv + static_cast<int64_t>(tok0) * stride;
-      if (rows_left >= BN) {
+      if (per_row) {  // pages shorter than a tile: six row addresses from the ids loaded a tile ago
+        const TileIds<BN> ids = next_ids;
+        if (j + 1 < ntiles) next_ids.load(rows, tok0 + BN, tok_end, lane);
+        const uint8_t* src[6];
+#pragma unroll
+        for (int k = 0; k < 6; ++k) {
+          const int row = k < 4 ? 16 * k + row_main : 32 * (k - 4) + row_rope;
+          const int64_t r = ids.row(rows, tok0, row, page_bad);  // (every lane: a shuffle)
+          src[k] = row < rows_left ? p.kv + r * stride : nullptr;
+        }
+#pragma unroll
+        for (int i = 0; i < 16; ++i)
+          cp_async_16(dst + dst_main + (i % 4) * L::kAtom128Bytes + (i / 4) * 2048,
+                      src[i / 4] ? src[i / 4] + (i % 4) * 128 + c8 * 16 : p.kv, src[i / 4] != nullptr);
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+          cp_async_16(dst + dst_rope + i * 2048, src[4 + i] ? src[4 + i] + 512 + c4 * 16 : p.kv, src[4 + i] != nullptr);
+      } else if (rows_left >= BN) {  // one run of rows: one base a tile
+        const uint8_t* base = rows.ptr(tok0, page_bad);
 #pragma unroll
         for (int k = 0; k < 4; ++k) {  // rows 16 k + row_main
           const uint8_t* src = base + (src_main + k * step16);
@@ -201,22 +224,26 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
         }
 #pragma unroll
         for (int i = 0; i < 2; ++i) cp_async_16_full(dst + dst_rope + i * 2048, base + (src_rope + 2 * i * step16));
-      } else {
+      } else {  // a split's last, short tile: a row address each
+        // The thread's six rows first (rows 16 k + row_main, 32 i + row_rope), then the copies: any
+        // page-id loads go out together instead of one after another between the copies' asm
+        // statements (which clobber memory).
+        const uint8_t* src[6];
 #pragma unroll
-        for (int i = 0; i < 16; ++i) {
-          const int row = 16 * (i / 4) + row_main;
-          const bool ok = row < rows_left;
+        for (int k = 0; k < 6; ++k) {
+          const int row = k < 4 ? 16 * k + row_main : 32 * (k - 4) + row_rope;
+          src[k] = row < rows_left ? rows.ptr(tok0 + row, page_bad) : nullptr;
+        }
+#pragma unroll
+        for (int i = 0; i < 16; ++i)
           cp_async_16(dst + dst_main + (i % 4) * L::kAtom128Bytes + (i / 4) * 2048,
-                      ok ? base + static_cast<int64_t>(row) * stride + (i % 4) * 128 + c8 * 16 : kv, ok);
-        }
+                      src[i / 4] ? src[i / 4] + (i % 4) * 128 + c8 * 16 : p.kv, src[i / 4] != nullptr);
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const int row = 32 * i + row_rope;
-          const bool ok = row < rows_left;
-          cp_async_16(dst + dst_rope + i * 2048, ok ? base + static_cast<int64_t>(row) * stride + 512 + c4 * 16 : kv, ok);
-        }
+        for (int i = 0; i < 2; ++i)
+          cp_async_16(dst + dst_rope + i * 2048, src[4 + i] ? src[4 + i] + 512 + c4 * 16 : p.kv, src[4 + i] != nullptr);
       }
     }
+    if (j < ntiles && !per_row) rows.template prefetch_ids<BN>(tok_begin + (j + 1) * BN, tok_end, tid);  // the next issue's ids
     cp_async_commit();
   };
 #pragma unroll
@@ -331,8 +358,8 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   auto expand_tile = [&](int it) {
     const int tok0 = tok_begin + it * BN, valid = tok_end - tok0, n = tid % BN;
     const uint32_t stage = s_base + L::kStageBytes + (it % ST) * L::kPackedStageBytes;
-    const MxScaleWindow win = mx_scale_window(seq.kv_begin + tok0, min(BN, valid), p.kv_scales_stride);
-    const uint32_t sc = stage + L::kPackedBytes + static_cast<uint32_t>(win.first - win.start) +
+    bool unused = false;  // (the loads flagged it)
+    const uint32_t sc = stage + L::kPackedBytes + mx_scale_offset<BN>(rows, tok0, p.kv_scales_stride, unused) +
                         static_cast<uint32_t>(n * p.kv_scales_stride);
     const bool live = n < valid;  // rows past the end: zeros (cp.async filled them), any finite scale
     uint32_t sb[kMxBlocks], emax = 0u;
@@ -379,7 +406,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
     float tpow[2] = {0.f, 0.f}, tmul[2] = {1.f, 1.f};  // mxfp4: the powers of two of rows row0, row0 + 8
     if constexpr (kMx) {
       issue_tile(it + ST - 1);  // packed slot (it - 1) % ST is free since the barrier
-      if (!(MLAGEN_WG_EXP & 4)) expand_tile(it);
+      expand_tile(it);
       fence_proxy_async_smem();  // the tile's generic-proxy stores, seen by the wgmmas
       __syncthreads();
 #pragma unroll
@@ -397,7 +424,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
     wgmma_fence_regs(s);
     wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < ((MLAGEN_WG_EXP & 1) ? 0 : L::kChunksPerRow / 2); ++ks)
+    for (int ks = 0; ks < L::kChunksPerRow / 2; ++ks)
       wgmma_m64n32k32_e4m3_ss(s,
                               ks < 16 ? wgmma_desc_advance(k_desc, (ks / 4) * L::kAtom128Bytes + (ks % 4) * 32)
                                       : wgmma_desc_advance(rope_desc, (ks - 16) * 32),
@@ -470,9 +497,8 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
 #pragma unroll
     for (int mb = 0; mb < 8; ++mb) wgmma_fence_regs(o[mb]), wgmma_fence_regs(a0[mb]);
     wgmma_fence();
-    if (!(MLAGEN_WG_EXP & 2))
 #pragma unroll
-      for (int mb = 0; mb < 8; ++mb) wgmma_m64n32k32_e4m3_rs(o[mb], a0[mb], p_desc);
+    for (int mb = 0; mb < 8; ++mb) wgmma_m64n32k32_e4m3_rs(o[mb], a0[mb], p_desc);
     wgmma_commit();
     wgmma_wait<0>();  // (a0's registers are free again: 255 registers would not hold both)
     uint32_t a1[8][4];  // the second 32 tokens
@@ -480,9 +506,8 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
 #pragma unroll
     for (int mb = 0; mb < 8; ++mb) wgmma_fence_regs(a1[mb]);
     wgmma_fence();
-    if (!(MLAGEN_WG_EXP & 2))
 #pragma unroll
-      for (int mb = 0; mb < 8; ++mb) wgmma_m64n32k32_e4m3_rs(o[mb], a1[mb], wgmma_desc_advance(p_desc, 2 * L::kPLbo));
+    for (int mb = 0; mb < 8; ++mb) wgmma_m64n32k32_e4m3_rs(o[mb], a1[mb], wgmma_desc_advance(p_desc, 2 * L::kPLbo));
     wgmma_commit();
     wgmma_wait<0>();
 #pragma unroll
@@ -491,6 +516,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   }
   cp_async_wait<0>();
   mark(6);
+  const bool bad = rows.block_any_bad(p, page_bad) || seq.bad;
 
   // ---- epilogue: l over the 8 row lanes and the 4 warps -------------------------------------
 #pragma unroll
@@ -516,7 +542,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     const int jh = k / 2, e = k % 2;
-    const float inv = splits == 1 ? out_scale(l[k], kv_scale, seq.bad) * o_unit : o_unit;
+    const float inv = splits == 1 ? out_scale(l[k], kv_scale, bad) * o_unit : o_unit;
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       float ov[4];
@@ -534,7 +560,10 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
         *reinterpret_cast<float4*>(po) = make_float4(ov[0], ov[1], ov[2], ov[3]);
       }
     }
-    if (splits > 1 && w == 0 && g == 0) p.part_ml[slot * kHeads + head[k]] = split_state(m[k], l[k], seq.bad);
+    if (w == 0 && g == 0) {
+      if (splits > 1) p.part_ml[slot * kHeads + head[k]] = split_state(m[k], l[k], bad);
+      else store_lse(p, seq.q_row, head[k], m[k], l[k], bad);
+    }
   }
   mark(7);
 }

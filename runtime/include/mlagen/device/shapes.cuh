@@ -34,17 +34,36 @@ struct Params {
   float2* part_ml;          // [batch, splits, 16] (running max, running sum)
   uint32_t* errors;         // device error word (MLAGEN_DEVERR_*)
   uint32_t* split_counters; // [batch] split arrivals (kernels that merge their own splits); zero between calls
+  float* lse;               // null, or float32 [total_q, 16] at lse_stride_token: ln sum_j exp(sm_scale q.k_j)
+  int64_t lse_stride_token;
+  // Paged KV (kv_rows.cuh): null page_table = contiguous rows at kv_indptr. Otherwise kv holds
+  // num_pages pages of 2^page_shift rows, and sequence b's page list is either row b of a block
+  // table (page_table + b * page_table_stride, page_table_width entries; lengths kv_lens[b], or
+  // kv_indptr differences when kv_lens is null) or, with page_indptr, FlashInfer's form
+  // (page_table[page_indptr[b] .. page_indptr[b+1]), last page holding last_page_len[b] rows).
+  const int32_t* page_table;
+  int64_t page_table_stride;
+  int64_t page_table_len;   // entries of page_table (the indices form's bound)
+  int32_t page_table_width; // block-table form: entries a sequence may use
+  int32_t page_shift;       // log2 page size (0..8)
+  int64_t num_pages;
+  const int32_t* kv_lens;
+  const int32_t* page_indptr;
+  const int32_t* last_page_len;
   int32_t batch, splits;
   int64_t total_q, total_kv;
   float sm_scale;
 };
 
 struct Sequence {
-  int64_t kv_begin;  // first KV row
-  int len;           // KV rows
-  int64_t q_row;     // row of q / out
-  bool bad;          // indptr disagreed: output NaN
+  int64_t kv_begin;      // contiguous: first KV row
+  int len;               // KV rows
+  int64_t q_row;         // row of q / out
+  bool bad;              // indptr / page list disagreed: output NaN
+  const int32_t* pages;  // paged: the sequence's page list (null: contiguous rows)
 };
+
+constexpr uint32_t kDevErrKvIndptr = 1u, kDevErrQoIndptr = 2u, kDevErrPageTable = 4u;  // = MLAGEN_DEVERR_*
 
 MLAGEN_DEVICE float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
 MLAGEN_DEVICE float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
@@ -69,41 +88,96 @@ MLAGEN_DEVICE void flag_error(const Params& p, uint32_t code) { atomicOr(p.error
 // both read it here.
 MLAGEN_DEVICE float kv_scale_of(const Params& p) { return p.kv_scale ? *p.kv_scale : 1.f; }
 
-// A generated specialization: every sequence has kKvLen tokens, one query row each.
-template <int kBatch, int kKvLen, int kSplits>
+// A paged sequence's page list and length, checked against the table's bounds (never a read
+// outside page_table: a flagged sequence gets an empty list). Page ids are checked where
+// they are used (kv_rows.cuh).
+struct PageList {
+  const int32_t* pages;
+  int len;
+  bool bad;
+};
+MLAGEN_DEVICE PageList page_list(const Params& p, int b) {
+  if (p.page_indptr) {  // FlashInfer: kv_indices + page indptr + last page lengths
+    const int64_t pb = p.page_indptr[b], pe = p.page_indptr[b + 1];
+    const int64_t n = pe - pb, last = n > 0 ? p.last_page_len[b] : 0;
+    const int64_t len = n > 0 ? ((n - 1) << p.page_shift) + last : 0;
+    const bool bad = pb < 0 || n < 0 || pe > p.page_table_len || (n > 0 && (last < 1 || last > (int64_t{1} << p.page_shift))) ||
+                     len > 0x7fffffff;
+    return PageList{p.page_table + (bad ? 0 : pb), bad ? 0 : static_cast<int>(len), bad};
+  }
+  int64_t len;  // block table: lengths given, or from a token indptr
+  bool bad;
+  if (p.kv_lens) {
+    len = p.kv_lens[b];
+    bad = len < 0;
+  } else {
+    const int32_t kb = p.kv_indptr[b], ke = p.kv_indptr[b + 1];
+    len = static_cast<int64_t>(ke) - kb;
+    bad = kb < 0 || ke < kb;
+  }
+  bad |= len > (static_cast<int64_t>(p.page_table_width) << p.page_shift);
+  return PageList{p.page_table + static_cast<int64_t>(b) * p.page_table_stride, bad ? 0 : static_cast<int>(len), bad};
+}
+
+// What a sequence's q / kv indptr entries say; flagged (error word + NaN output) when they
+// disagree with the sizes. kKvLen > 0: the uniform length of a specialized kernel; kPage:
+// kv_rows.cuh's page policy (0 contiguous).
+template <int kKvLen, int kPage>
+MLAGEN_DEVICE Sequence read_sequence(const Params& p, int b) {
+  const int32_t qb = p.qo_indptr[b], qe = p.qo_indptr[b + 1];
+  const bool bad_q = kKvLen > 0 ? (qb != b || qe != b + 1) : (qe - qb != 1 || qb < 0 || qb >= p.total_q);
+  const int64_t q_row = bad_q ? (qb >= 0 && qb < p.total_q ? qb : 0) : qb;
+  Sequence s{0, 0, q_row, bad_q, nullptr};
+  uint32_t err = bad_q ? kDevErrQoIndptr : 0u;
+  if (kPage > 0 || (kPage < 0 && p.page_table)) {
+    const PageList pl = page_list(p, b);
+    const bool bad_len = pl.bad || (kKvLen > 0 && pl.len != kKvLen);
+    s.pages = pl.pages;
+    s.len = bad_len ? 0 : pl.len;
+    s.bad |= bad_len;
+    err |= bad_len ? kDevErrPageTable : 0u;
+  } else {
+    const int32_t kb = p.kv_indptr[b], ke = p.kv_indptr[b + 1];
+    const bool bad_kv = kKvLen > 0 ? (kb != b * kKvLen || ke != (b + 1) * kKvLen) : (kb < 0 || ke < kb || ke > p.total_kv);
+    s.kv_begin = bad_kv ? 0 : kb;
+    s.len = bad_kv ? 0 : ke - kb;
+    s.bad |= bad_kv;
+    err |= bad_kv ? kDevErrKvIndptr : 0u;
+  }
+  if constexpr (kKvLen > 0) {
+    // a specialized kernel walks its compile-time length whatever the indptr says (a flagged
+    // sequence's output is NaN): rows b * kKvLen.. (the runtime checked total_kv), or row b of
+    // the block table (the runtime checked its width), page ids checked where used
+    s.len = kKvLen;
+    if (kPage == 0) s.kv_begin = static_cast<int64_t>(b) * kKvLen;
+    else s.pages = p.page_table + static_cast<int64_t>(b) * p.page_table_stride;
+  }
+  if (err && threadIdx.x == 0 && blockIdx.x == 0) flag_error(p, err);
+  return s;
+}
+
+// A generated specialization: every sequence has kKvLen tokens, one query row each; KV rows
+// contiguous (kPage 0) or in pages of kPage rows.
+template <int kBatch, int kKvLen, int kSplits, int kPage_ = 0>
 struct StaticShape {
   static constexpr bool kGeneric = false;
+  static constexpr int kPage = kPage_;
   MLAGEN_DEVICE static int splits(const Params&) { return kSplits; }
   MLAGEN_DEVICE static int64_t q_row(const Params&, int b) { return b; }
-  MLAGEN_DEVICE static Sequence sequence(const Params& p, int b) {
-    const int32_t kb = p.kv_indptr[b], ke = p.kv_indptr[b + 1];
-    const int32_t qb = p.qo_indptr[b], qe = p.qo_indptr[b + 1];
-    const bool bad_kv = kb != b * kKvLen || ke != (b + 1) * kKvLen;
-    const bool bad_q = qb != b || qe != b + 1;
-    if ((bad_kv || bad_q) && threadIdx.x == 0 && blockIdx.x == 0)
-      flag_error(p, (bad_kv ? 1u : 0u) | (bad_q ? 2u : 0u));
-    return Sequence{static_cast<int64_t>(b) * kKvLen, kKvLen, b, bad_kv || bad_q};
-  }
+  MLAGEN_DEVICE static Sequence sequence(const Params& p, int b) { return read_sequence<kKvLen, kPage>(p, b); }
 };
 
-// The generic kernel: lengths from kv_indptr, any batch, splits chosen by the runtime.
+// The generic kernel: lengths from kv_indptr (or the page lists), any batch, splits chosen by
+// the runtime, contiguous or paged rows with the page size read at run time.
 struct DynamicShape {
   static constexpr bool kGeneric = true;
+  static constexpr int kPage = -1;  // kv_rows.cuh kPageRuntime
   MLAGEN_DEVICE static int splits(const Params& p) { return p.splits; }
   MLAGEN_DEVICE static int64_t q_row(const Params& p, int b) {
     const int32_t qb = p.qo_indptr[b];
     return (qb >= 0 && qb < p.total_q) ? qb : 0;
   }
-  MLAGEN_DEVICE static Sequence sequence(const Params& p, int b) {
-    const int32_t kb = p.kv_indptr[b], ke = p.kv_indptr[b + 1];
-    const int32_t qb = p.qo_indptr[b], qe = p.qo_indptr[b + 1];
-    const bool bad_kv = kb < 0 || ke < kb || ke > p.total_kv;
-    const bool bad_q = qe - qb != 1 || qb < 0 || qb >= p.total_q;
-    if ((bad_kv || bad_q) && threadIdx.x == 0 && blockIdx.x == 0)
-      flag_error(p, (bad_kv ? 1u : 0u) | (bad_q ? 2u : 0u));
-    return Sequence{bad_kv ? 0 : kb, bad_kv ? 0 : ke - kb, bad_q ? (qb >= 0 && qb < p.total_q ? qb : 0) : qb,
-                    bad_kv || bad_q};
-  }
+  MLAGEN_DEVICE static Sequence sequence(const Params& p, int b) { return read_sequence<0, kPage>(p, b); }
 };
 
 }  // namespace mlagen::device

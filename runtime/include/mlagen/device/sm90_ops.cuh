@@ -65,50 +65,29 @@ MLAGEN_DEVICE void mma_f16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// fp8 e4m3 -> f16 decode. Hopper has no fp8 MMA outside wgmma, so every KV value is
-// decoded once per block: 576 values a token for K, 512 for V. Two routes, on two pipes:
-//  F2FP: cvt.rn.f16x2.e4m3x2, one instruction per two values, exact; a conversion-unit
-//        instruction with a fraction of the ALU's issue rate.
-//  INT : bit moves on the integer pipe: e4m3 s.eeee.mmm placed in the high byte of an f16
-//        lane becomes s.0eeee.mmm0000000 = the same value times 2^-8 (subnormals too);
-//        the factor is undone on S / O in fp32 (k*DecodeScale).
-// MLAGEN_FP8_DECODE: 0 = F2FP for K and V; 1 = INT for K and V; 2 = F2FP for K, INT for V
-// (the two pipes then share the work).
-#ifndef MLAGEN_FP8_DECODE
-#define MLAGEN_FP8_DECODE 0
-#endif
+// fp8 e4m3 -> f16 decode for the mma.sync fp8 kernel. Hopper has no fp8 MMA outside wgmma, so
+// every KV value is decoded once per block (576 values a token for K, 512 for V) with
+// cvt.rn.f16x2.e4m3x2: one instruction per two values, exact. (Bit moves on the integer pipe,
+// e4m3 in the high byte of an f16 = the value x 2^-8, were measured as an alternative route and
+// were not faster: docs/perf.md.) The decoded unit is the e4m3 value itself.
 MLAGEN_DEVICE uint32_t e4m3x2_f2fp(uint16_t v) {
   uint32_t d;
   asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(d) : "h"(v));
   return d;
 }
-// y holds two e4m3 bytes at bits 15..8 and 31..24 (bytes 0 and 2 are ignored).
-MLAGEN_DEVICE uint32_t e4m3x2_int(uint32_t y) { return (y & 0x80008000u) | ((y >> 1) & 0x3f803f80u); }
-
-constexpr bool kKDecodeInt = MLAGEN_FP8_DECODE == 1;
-constexpr bool kVDecodeInt = MLAGEN_FP8_DECODE >= 1;
-constexpr float kKDecodeScale = kKDecodeInt ? 256.f : 1.f;  // decoded K unit x this = e4m3 value
-constexpr float kVDecodeScale = kVDecodeInt ? 256.f : 1.f;
+constexpr float kKDecodeScale = 1.f;  // decoded K unit x this = e4m3 value
+constexpr float kVDecodeScale = 1.f;
 
 // K: w = bytes [b3 b2 b1 b0] of one token -> f16x2 (b0, b1) and (b2, b3).
-MLAGEN_DEVICE uint32_t k_lo_to_f16x2(uint32_t w) {
-  return kKDecodeInt ? e4m3x2_int(__byte_perm(w, 0u, 0x1404)) : e4m3x2_f2fp(static_cast<uint16_t>(w));
-}
-MLAGEN_DEVICE uint32_t k_hi_to_f16x2(uint32_t w) {
-  return kKDecodeInt ? e4m3x2_int(__byte_perm(w, 0u, 0x3424)) : e4m3x2_f2fp(static_cast<uint16_t>(w >> 16));
-}
+MLAGEN_DEVICE uint32_t k_lo_to_f16x2(uint32_t w) { return e4m3x2_f2fp(static_cast<uint16_t>(w)); }
+MLAGEN_DEVICE uint32_t k_hi_to_f16x2(uint32_t w) { return e4m3x2_f2fp(static_cast<uint16_t>(w >> 16)); }
 // V: wa, wb = 4 dims of two tokens -> d[j] = f16x2 (wa.byte j, wb.byte j), j = 0..3.
 MLAGEN_DEVICE void v_pairs_to_f16x2(uint32_t wa, uint32_t wb, uint32_t (&d)[4]) {
-  if constexpr (kVDecodeInt) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) d[j] = e4m3x2_int(__byte_perm(wa, wb, ((4 + j) << 12) | (j << 4)));
-  } else {
-    const uint32_t lo = __byte_perm(wa, wb, 0x5140), hi = __byte_perm(wa, wb, 0x7362);
-    d[0] = e4m3x2_f2fp(static_cast<uint16_t>(lo));
-    d[1] = e4m3x2_f2fp(static_cast<uint16_t>(lo >> 16));
-    d[2] = e4m3x2_f2fp(static_cast<uint16_t>(hi));
-    d[3] = e4m3x2_f2fp(static_cast<uint16_t>(hi >> 16));
-  }
+  const uint32_t lo = __byte_perm(wa, wb, 0x5140), hi = __byte_perm(wa, wb, 0x7362);
+  d[0] = e4m3x2_f2fp(static_cast<uint16_t>(lo));
+  d[1] = e4m3x2_f2fp(static_cast<uint16_t>(lo >> 16));
+  d[2] = e4m3x2_f2fp(static_cast<uint16_t>(hi));
+  d[3] = e4m3x2_f2fp(static_cast<uint16_t>(hi >> 16));
 }
 
 // Two e4m3 bytes (x in the low byte) -> fp32, exact.
