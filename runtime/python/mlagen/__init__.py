@@ -263,10 +263,11 @@ def _kv_rows(kv, row: int, kv_format: str, page_size: int):
     raise MlagenError(1, f"kv: shape {shape} strides {st}: expected {want} with contiguous dims ({kv_format})")
 
 
-def _check_int32(name, t, numel=None, dims=1):
+def _check_int32(name, t, numel=None, dims=1, what=None):
     torch = _torch()
     if t.dtype != torch.int32 or t.dim() != dims or t.stride(-1) != 1 or (numel is not None and t.numel() != numel):
         want = f"({numel},)" if numel is not None else ("a 1-d tensor" if dims == 1 else "(batch, max_pages)")
+        want += f" ({what})" if what else ""
         raise MlagenError(1, f"{name}: {t.dtype} shape {tuple(t.shape)} strides {t.stride()}: expected int32 {want}"
                              f" with contiguous last dim")
 
@@ -309,11 +310,11 @@ def prepare(q, kv, kv_scale, qo_indptr, kv_indptr, config: dict, *, kv_format: s
                                  f"(one E8M0 scale per 32 dims of every token)")
         scale_stride = kv_scale.stride(0)
     batch = _check_config(config, q, qo_indptr)
-    _check_int32("qo_indptr", qo_indptr, batch + 1)
+    _check_int32("qo_indptr", qo_indptr, batch + 1, what="batch_size+1")
     if not qo_indptr.is_contiguous():
         raise MlagenError(1, "qo_indptr: expected contiguous int32 (batch+1,)")
     if kv_indptr is not None:
-        _check_int32("kv_indptr", kv_indptr, batch + 1)
+        _check_int32("kv_indptr", kv_indptr, batch + 1, what="batch_size+1")
     elif not (paged and kv_lens is not None):
         raise MlagenError(1, "kv_indptr: None: expected int32 (batch+1,) (or, with a block table, kv_lens)")
     kv_len = _as_int(config.get("kv_seq_len") or 0)
@@ -329,7 +330,7 @@ def prepare(q, kv, kv_scale, qo_indptr, kv_indptr, config: dict, *, kv_format: s
             if kv_last_page_len is not None:
                 raise MlagenError(1, "kv_last_page_len: given with page_table; it belongs to the kv_indices form")
             if kv_lens is not None:
-                _check_int32("kv_lens", kv_lens, batch)
+                _check_int32("kv_lens", kv_lens, batch, what="batch_size")
             fields.update(page_table=page_table.data_ptr(), page_table_width=page_table.shape[1],
                           page_table_stride=page_table.stride(0) if page_table.shape[0] > 1 else page_table.shape[1],
                           page_table_len=(batch - 1) * (page_table.stride(0) if batch > 1 else 0) + page_table.shape[1],
@@ -340,7 +341,7 @@ def prepare(q, kv, kv_scale, qo_indptr, kv_indptr, config: dict, *, kv_format: s
                 raise MlagenError(1, "kv_indptr: None: with kv_indices it holds each sequence's page offsets (batch+1,)")
             if kv_last_page_len is None:
                 raise MlagenError(1, "kv_last_page_len: None: expected int32 (batch,) with kv_indices")
-            _check_int32("kv_last_page_len", kv_last_page_len, batch)
+            _check_int32("kv_last_page_len", kv_last_page_len, batch, what="batch_size")
             if kv_lens is not None:
                 raise MlagenError(1, "kv_lens: given with kv_indices; expected None (lengths come from the pages)")
             fields.update(page_table=kv_indices.data_ptr(), page_table_len=max(1, kv_indices.numel()),

@@ -159,10 +159,11 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   // one 64-bit base a tile, a 32-bit row step, immediates for the rest, no predicates (the
   // general path spent ~200 instructions a warp and tile on addresses, docs/perf.md v4).
   const int64_t stride = p.kv_stride_bytes;
-  // pages shorter than a tile (fp8): the next tile's page ids, one row a lane, a tile ahead
-  const bool per_row = !kMx && !rows.template tile_contiguous<BN>();
+  // paged fp8: the next tile's page ids, one row a lane, a tile ahead (no page-id round trip on
+  // the copy-issue path)
+  const bool paged_ids = !kMx && rows.paged();
   TileIds<BN> next_ids;
-  if (per_row) next_ids.load(rows, tok_begin, tok_end, lane);
+  if (paged_ids) next_ids.load(rows, tok_begin, tok_end, lane);
   const uint32_t src_main = static_cast<uint32_t>(row_main * stride) + c8 * 16;  // < 2^31: rows < 64
   const uint32_t src_rope = static_cast<uint32_t>(row_rope * stride) + 512 + c4 * 16;
   const uint32_t step16 = static_cast<uint32_t>(16 * stride);
@@ -197,9 +198,13 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
       const int tok0 = tok_begin + j * BN;
       const int rows_left = tok_end - tok0;
       const uint32_t dst = s_base + (j % ST) * L::kStageBytes;
-      if (per_row) {  // pages shorter than a tile: six row addresses from the ids loaded a tile ago
-        const TileIds<BN> ids = next_ids;
+      TileIds<BN> ids;
+      if (paged_ids) {
+        ids = next_ids;
         if (j + 1 < ntiles) next_ids.load(rows, tok0 + BN, tok_end, lane);
+      }
+      if (paged_ids && !(rows_left >= BN && rows.template tile_contiguous<BN>())) {
+        // pages shorter than a tile (or a short last tile): six row addresses from the ids
         const uint8_t* src[6];
 #pragma unroll
         for (int k = 0; k < 6; ++k) {
@@ -215,7 +220,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
         for (int i = 0; i < 2; ++i)
           cp_async_16(dst + dst_rope + i * 2048, src[4 + i] ? src[4 + i] + 512 + c4 * 16 : p.kv, src[4 + i] != nullptr);
       } else if (rows_left >= BN) {  // one run of rows: one base a tile
-        const uint8_t* base = rows.ptr(tok0, page_bad);
+        const uint8_t* base = paged_ids ? p.kv + ids.row(rows, tok0, 0, page_bad) * stride : rows.ptr(tok0, page_bad);
 #pragma unroll
         for (int k = 0; k < 4; ++k) {  // rows 16 k + row_main
           const uint8_t* src = base + (src_main + k * step16);
@@ -243,7 +248,6 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
           cp_async_16(dst + dst_rope + i * 2048, src[4 + i] ? src[4 + i] + 512 + c4 * 16 : p.kv, src[4 + i] != nullptr);
       }
     }
-    if (j < ntiles && !per_row) rows.template prefetch_ids<BN>(tok_begin + (j + 1) * BN, tok_end, tid);  // the next issue's ids
     cp_async_commit();
   };
 #pragma unroll
