@@ -67,7 +67,7 @@ def paged_case(torch, mlagen, lengths, page, seed, device, kv_format, q_dtype) -
     need = [math.ceil(n / page) for n in lengths]
     num_pages = sum(need)
     cache = torch.randn((num_pages * page, 1, 576), generator=g, device=device).to(torch.bfloat16)
-    perm = torch.randperm(num_pages, generator=g).tolist()
+    perm = torch.randperm(num_pages, generator=g, device=device).tolist()
     table = torch.full((len(lengths), max(need)), num_pages + 100, dtype=torch.int32)
     at = 0
     for b, n in enumerate(need):

@@ -68,9 +68,25 @@ struct KvRows {
     if (bad) flag_error(p, kDevErrPageTable);
     return __syncthreads_or(bad ? 1 : 0) != 0;
   }
+  // Brings the page ids of the n-row tile at token t (rows before `len`) toward the SM ahead of
+  // the loads that need them (thread `tid` takes one 128-byte line of ids): issued one tile early,
+  // those loads then hit L1 instead of waiting a DRAM round trip on the copy-issue path.
+  // NVIDIA: prefetch.global.L1 (no register, no wait). AMD has no such hint: a no-op there.
+  template <int n>
+  MLAGEN_DEVICE void prefetch_ids(int t, int len, int tid) const {
+#if defined(MLAGEN_NVIDIA)
+    if (!paged() || t >= len) return;
+    const int first = t >> shift, last = (min(t + n, len) - 1) >> shift;
+    const int e = (first & ~31) + 32 * tid;
+    if (tid < n / 32 + 1 && e <= last) asm volatile("prefetch.global.L1 [%0];\n" ::"l"(pages + e));
+#else
+    (void)t, (void)len, (void)tid;
+#endif
+  }
 };
 
-// Paged rows: the page ids of a tile's rows held by each warp, row lane + W j in
+// The page ids of a tile's rows held by each warp (the mma.sync bodies: pages shorter than a
+// tile; the warpgroup kernel: every paged tile), row lane + W j in
 // lane `lane` (W lanes a warp), loaded one tile ahead of the copies that need them and read by any
 // lane with a shuffle. The copies' asm statements clobber memory, so a page-id load per copy
 // would wait out its latency between two copies; this way a tile's ids are one load a lane, issued

@@ -140,8 +140,9 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
   const int ntiles = range.ntiles, tok_begin = range.tok_begin, tok_end = range.tok_end;
   const KvRows<Shape::kPage> rows = KvRows<Shape::kPage>::of(p, seq);
   bool page_bad = false;  // a page id outside the cache (kv_rows.cuh)
-  TileIds<BN> next_ids;  // paged: the next tile's page ids, one row a lane, a tile ahead
-  if (rows.paged()) next_ids.load(rows, tok_begin, tok_end, lane);
+  const bool per_row = !rows.template tile_contiguous<BN>();  // pages shorter than a tile
+  TileIds<BN> next_ids;  // then the next tile's page ids, one row a lane
+  if (per_row) next_ids.load(rows, tok_begin, tok_end, lane);
   const float kv_scale = kv_scale_of(p);
   const float o_scale = kv_scale * kVDecodeScale;  // per decoded V unit
 
@@ -160,19 +161,15 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
         cp_async_16(dst + row * T::kRowBytes + col * 16, ok ? src + col * 16 : p.kv, ok);
       }
     };
-    if (!rows.paged()) {
+    if (!per_row) {
       const uint8_t* base = rows.ptr(tok0, page_bad);
       copies([&](int row) { return base + row * p.kv_stride_bytes; });
-    } else {  // the ids loaded a tile ago: no page-id round trip on the issue path
+    } else {  // pages shorter than a tile: the ids loaded a tile ago
       const TileIds<BN> ids = next_ids;
       if (tile + 1 < ntiles) next_ids.load(rows, tok0 + BN, tok_end, lane);
-      if (rows.template tile_contiguous<BN>()) {  // pages of a tile or more: one base a tile
-        const uint8_t* base = p.kv + ids.row(rows, tok0, 0, page_bad) * p.kv_stride_bytes;
-        copies([&](int row) { return base + row * p.kv_stride_bytes; });
-      } else {
-        copies([&](int row) { return p.kv + ids.row(rows, tok0, row, page_bad) * p.kv_stride_bytes; });
-      }
+      copies([&](int row) { return p.kv + ids.row(rows, tok0, row, page_bad) * p.kv_stride_bytes; });
     }
+    if (!per_row) rows.template prefetch_ids<BN>(tok0 + BN, tok_end, threadIdx.x);
   };
 
   float o[4][4][4];  // [32-dim group][n8 tile j][fragment]; see write_out for the dim map
@@ -355,8 +352,9 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
   const int ntiles = range.ntiles, tok_begin = range.tok_begin, tok_end = range.tok_end;
   const KvRows<Shape::kPage> rows = KvRows<Shape::kPage>::of(p, seq);
   bool page_bad = false;  // a page id outside the cache (kv_rows.cuh)
-  TileIds<BN> next_ids;  // paged: the next tile's page ids, one row a lane, a tile ahead
-  if (rows.paged()) next_ids.load(rows, tok_begin, tok_end, lane);
+  const bool per_row = !rows.template tile_contiguous<BN>();  // pages shorter than a tile
+  TileIds<BN> next_ids;  // then the next tile's page ids, one row a lane
+  if (per_row) next_ids.load(rows, tok_begin, tok_end, lane);
 
   auto issue_tile = [&](int tile, int stage) {
     const int tok0 = tok_begin + tile * BN;
@@ -377,19 +375,15 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
         }
       }
     };
-    if (!rows.paged()) {
+    if (!per_row) {
       const uint8_t* base = rows.ptr(tok0, page_bad);
       copies([&](int row) { return base + row * p.kv_stride_bytes; });
-    } else {  // the ids loaded a tile ago: no page-id round trip on the issue path
+    } else {  // pages shorter than a tile: the ids loaded a tile ago
       const TileIds<BN> ids = next_ids;
       if (tile + 1 < ntiles) next_ids.load(rows, tok0 + BN, tok_end, lane);
-      if (rows.template tile_contiguous<BN>()) {  // pages of a tile or more: one base a tile
-        const uint8_t* base = p.kv + ids.row(rows, tok0, 0, page_bad) * p.kv_stride_bytes;
-        copies([&](int row) { return base + row * p.kv_stride_bytes; });
-      } else {
-        copies([&](int row) { return p.kv + ids.row(rows, tok0, row, page_bad) * p.kv_stride_bytes; });
-      }
+      copies([&](int row) { return p.kv + ids.row(rows, tok0, row, page_bad) * p.kv_stride_bytes; });
     }
+    if (!per_row) rows.template prefetch_ids<BN>(tok0 + BN, tok_end, threadIdx.x);
     if constexpr (kMx) {  // the scale rows of the tile's tokens, through an aligned window
       uint8_t* win = smem + stage * T::kStageBytes + MxStage<BN>::kDataBytes;
       if (rows.template tile_contiguous<BN>())
