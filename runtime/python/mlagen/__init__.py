@@ -387,9 +387,7 @@ def prepare(q, kv, kv_scale, qo_indptr, kv_indptr, config: dict, *, kv_format: s
                 q_scale=q_scale.data_ptr() if q_scale is not None else None, q_from_bf16=q_from_bf16,
                 device=dev.index if dev.index is not None else torch.cuda.current_device(), **fields)
     _check_device_once(dev)
-    plan = Plan(p, dev, return_lse)
-    plan.kv_indptr_is_pages = paged and kv_indices is not None
-    return plan
+    return Plan(p, dev, return_lse)
 
 
 _checked_devices = set()
