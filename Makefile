@@ -10,7 +10,7 @@ JOBS ?= $(shell nproc)
 export MLAGEN_LIBRARY ?= $(abspath $(BUILD)/libmlagen.so)
 export PYTHONPATH := $(abspath runtime/python):$(abspath .):$(PYTHONPATH)
 
-.PHONY: setup gpu-check tune all generate check-generated list build test test-cpu test-gpu bench sanitize clean bundle bundle-local leaderboard-test leaderboard-bench check-amd lib-amd
+.PHONY: setup gpu-check tune all generate check-generated list build test test-installed test-cpu test-gpu bench sanitize clean bundle bundle-local leaderboard-test leaderboard-bench check-amd lib-amd
 
 all: build
 
@@ -40,6 +40,11 @@ build: generate
 # CPU tests always; GPU tests run where a GPU is, and are reported skipped (with the reason) elsewhere.
 test: build
 	$(PYTHON) -m pytest -q tests
+
+# the tests against the installed package (pip install .), not the checkout: PYTHON is the
+# interpreter it was installed for (CI: a fresh virtual environment)
+test-installed:
+	env -u MLAGEN_LIBRARY PYTHONPATH=$(abspath .) MLAGEN_TEST_INSTALLED=1 $(PYTHON) -m pytest -q tests
 
 test-cpu: build
 	$(PYTHON) -m pytest -q tests -m "not gpu"

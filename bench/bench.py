@@ -853,6 +853,143 @@ def make_paged_chart(rows, path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
+# --------------------------------------------------------------------------------------
+# query rows: 32..128 heads against FlashMLA on the same (contiguous, viewed as pages of 64)
+# KV, and q_len 1 / 2 / 4 at 16 heads (causal among the query tokens)
+# --------------------------------------------------------------------------------------
+H200_DENSE_TFLOPS = {"bf16": 989.4, "fp8": 1978.9}  # H200 SXM dense tensor peaks (NVIDIA's datasheet)
+
+
+def rows_inputs(torch, batch, kv_len, heads, q_len, seed, device):
+    g = torch.Generator(device=device).manual_seed(seed)
+    kv = torch.randn((batch * kv_len, 1, 576), generator=g, device=device).to(torch.bfloat16)
+    fp8, scale = C.quantize_fp8(kv)
+    q = torch.randn((batch * q_len, heads, 576), generator=g, device=device).to(torch.bfloat16)
+    config = dict(C.make_config(batch, kv_len), num_heads=heads, q_seq_len=q_len)
+    return dict(q=q, kv={"bf16": kv, "fp8": (fp8, scale)},
+                qo_indptr=torch.arange(0, (batch + 1) * q_len, q_len, dtype=torch.int32, device=device),
+                kv_indptr=torch.arange(0, (batch + 1) * kv_len, kv_len, dtype=torch.int32, device=device),
+                table=torch.arange(batch * kv_len // 64, dtype=torch.int32, device=device).view(batch, -1),
+                kv_lens=torch.full((batch,), kv_len, dtype=torch.int32, device=device), config=config)
+
+
+def rows_reference(torch, x, fmt, batch, kv_len, heads, q_len, q8=False):
+    """float32 on the values each column reads (q8: the q as quantized to fp8 per tensor),
+    causal among the query tokens."""
+    from mlagen import quant
+    kvs = x["kv"]["bf16"].float() if fmt == "bf16" else x["kv"]["fp8"][0].float() * x["kv"]["fp8"][1]
+    kvs = kvs.view(batch, kv_len, 576)
+    q = x["q"].float()
+    if q8:
+        qq, qs = quant.quantize_q_fp8(x["q"])
+        q = qq.float() * qs
+    q = q.view(batch, q_len, heads, 576)
+    s = torch.einsum("bthd,bnd->bthn", q, kvs) * 576 ** -0.5
+    key = torch.arange(kv_len, device=q.device).view(1, 1, 1, -1)
+    end = (kv_len - q_len + 1 + torch.arange(q_len, device=q.device)).view(1, -1, 1, 1)
+    p = torch.softmax(s.masked_fill(key >= end, float("-inf")), -1)
+    return torch.einsum("bthn,bnd->bthd", p, kvs[..., :512]).reshape(batch * q_len, heads, 512)
+
+
+def bench_rows(ctx, cases) -> list[dict]:
+    """cases: (batch, kv_len, heads, q_len). Columns: mlagen fp8 KV with a bf16 q and with the q
+    quantized to fp8, bf16 KV, FlashMLA bf16."""
+    torch, mg, timer, args = ctx.torch, ctx.mlagen, ctx.timer, ctx.args
+    fm, fm_error = import_flashmla()
+    rows = []
+    for batch, kv_len, heads, q_len in cases:
+        name = f"{batch}x{kv_len} h{heads} ql{q_len}"
+        row = dict(shape=name, batch=batch, kv_len=kv_len, heads=heads, q_len=q_len, flashmla_error=fm_error,
+                   columns={}, kernels={}, errors=[])
+        x = rows_inputs(torch, batch, kv_len, heads, q_len, args.seed + heads + q_len, ctx.device)
+        calls = {
+            "fp8 KV, bf16 q": (("fp8", False), functools.partial(mg.decode, x["q"], x["kv"], x["qo_indptr"], x["kv_indptr"],
+                                                        x["config"], kv_format="fp8")),
+            "fp8 KV, fp8 q": (("fp8", True), functools.partial(mg.decode, x["q"], x["kv"], x["qo_indptr"], x["kv_indptr"],
+                                                       x["config"], kv_format="fp8", q_dtype="fp8")),
+            "bf16 KV": (("bf16", False), functools.partial(mg.decode, x["q"], x["kv"], x["qo_indptr"], x["kv_indptr"],
+                                                  x["config"], kv_format="bf16")),
+        }
+        if fm is not None:
+            kc = x["kv"]["bf16"].view(-1, 64, 1, 576)
+            meta, _ = fm.get_mla_metadata()
+            qf = x["q"].view(batch, q_len, heads, 576)
+
+            def flashmla(qf=qf, kc=kc, meta=meta, x=x):
+                return fm.flash_mla_with_kvcache(qf, kc, x["table"], x["kv_lens"], 512, meta, None,
+                                                 softmax_scale=576 ** -0.5, causal=q_len > 1)[0].reshape(-1, heads, 512)
+            calls["FlashMLA bf16"] = (("bf16", False), flashmla)
+        refs = {}
+        for col, (fmt_, fn) in calls.items():
+            try:
+                out = fn()
+                torch.cuda.synchronize()
+                if fmt_ not in refs:
+                    refs[fmt_] = rows_reference(torch, x, fmt_[0], batch, kv_len, heads, q_len, q8=fmt_[1])
+                e = C.rel_l2(out, refs[fmt_])
+                row["columns"][col] = dict(rel_err=e)
+                if not col.startswith("FlashMLA"):
+                    row["kernels"][col] = (mg.last_kernel() or {}).get("name")
+                if e > args.tol:
+                    row["errors"].append(f"{col}: rel_l2 {e:.2e} > {args.tol}")
+            except Exception as e:  # noqa: BLE001
+                row["errors"].append(f"{col}: {err_text(e)}")
+        refs.clear()
+        live = {c: fn for c, (_, fn) in calls.items() if "rel_err" in row["columns"].get(c, {})}
+        times = {c: [] for c in live}
+        for _ in range(args.warmup):
+            for fn in live.values():
+                fn()
+        for _ in range(args.reps):
+            for c, fn in live.items():
+                times[c].append(timer.once(fn))
+        flop = 2.0 * batch * q_len * heads * kv_len * (576 + 512)
+        for c, t in times.items():
+            st = stats(t)
+            row["columns"][c].update(st)
+            row["columns"][c]["tflops"] = flop / (st["median_us"] * 1e-6) / 1e12
+        fl = (row["columns"].get("FlashMLA bf16") or {}).get("median_us")
+        for c in live:
+            if fl and not c.startswith("FlashMLA"):
+                row["columns"][c]["speedup_vs_flashmla"] = fl / row["columns"][c]["median_us"]
+        log(f"[rows {name}] " + "  ".join(f"{c} {row['columns'][c]['median_us']:.1f} us "
+                                          f"({row['columns'][c]['tflops']:.0f} TF/s)" for c in live) +
+            ("" if not row["errors"] else "  ERRORS: " + "; ".join(row["errors"])))
+        rows.append(row)
+        del x, calls, live
+        torch.cuda.empty_cache()
+    for r in rows:  # q_len n against q_len 1 of the same shape and heads
+        base = next((b for b in rows if (b["batch"], b["kv_len"], b["heads"], b["q_len"]) ==
+                     (r["batch"], r["kv_len"], r["heads"], 1)), None)
+        if base is not None and r["q_len"] > 1:
+            for c, v in r["columns"].items():
+                b = base["columns"].get(c, {}).get("median_us")
+                if b and v.get("median_us"):
+                    v["vs_q_len1"] = v["median_us"] / b
+    return rows
+
+
+ROWS_CASES = ([(64, 8192, 128, 1), (128, 4096, 128, 1), (64, 8192, 64, 1), (64, 8192, 32, 1)] +
+              [(b, 8192, 16, n) for b in (32, 64, 256) for n in (1, 2, 4)])
+
+
+def make_rows_chart(rows, path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    cols = ("fp8 KV, bf16 q", "fp8 KV, fp8 q", "bf16 KV", "FlashMLA bf16")
+    fig, ax = plt.subplots(figsize=(12, 4.5))
+    w = 0.8 / len(cols)
+    for i, c in enumerate(cols):
+        ys = [(r["columns"].get(c) or {}).get("median_us") or 0 for r in rows]
+        ax.bar([k + i * w for k in range(len(rows))], ys, w, label=c)
+    ax.set_xticks([k + 0.4 - w / 2 for k in range(len(rows))], [r["shape"] for r in rows], rotation=30, fontsize=7)
+    ax.set_ylabel("median us (L2 flushed, one call)")
+    ax.set_title("query rows on the H200: heads x query tokens, mlagen vs FlashMLA (same KV, pages of 64)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -878,6 +1015,8 @@ def parse_args(argv=None):
                         "bf16, mxfp4, and fp8 KV with bf16 q through decode() as the fp8 q columns are called, "
                         "and with both fp8 q routes)")
     p.add_argument("--no-host-overhead", action="store_true", help="skip the host-overhead measurement")
+    p.add_argument("--rows", action="store_true",
+                   help="also time 32..128 heads (with FlashMLA) and q_len 1/2/4 at 16 heads (ROWS_CASES)")
     p.add_argument("--paged", default=None, const="32x8192,64x8192,256x8192", nargs="?",
                    help="also time paged KV on these shapes (default with no value: 32x8192,64x8192,256x8192): "
                         "fp8 / bf16 contiguous vs a block table of pages of 64 and 1 in random order, and "
@@ -1009,6 +1148,12 @@ def main(argv=None) -> int:
             if args.verbose:
                 traceback.print_exc()
 
+    if args.rows and ctx.mlagen is not None and not args.cpu_smoke:
+        try:
+            results["query_rows"] = bench_rows(ctx, ROWS_CASES)
+        except Exception as e:  # noqa: BLE001
+            results["query_rows_error"] = err_text(e)
+            log(f"rows bench failed: {err_text(e)}")
     if args.paged and ctx.mlagen is not None and not args.cpu_smoke:
         try:
             results["paged"] = bench_paged(ctx, C.parse_shapes(args.paged))
@@ -1036,6 +1181,8 @@ def main(argv=None) -> int:
             results["files"]["png"] = png
             if results.get("paged"):
                 make_paged_chart(results["paged"], os.path.join(args.out, "paged.png"))
+            if results.get("query_rows"):
+                make_rows_chart(results["query_rows"], os.path.join(args.out, "rows.png"))
         except Exception as e:  # noqa: BLE001
             results["chart_error"] = err_text(e)
             log(f"chart not written: {err_text(e)} (use --json-only to skip it)")

@@ -33,6 +33,15 @@ GENERIC_DTYPES = {arch: tuple((q, kv) for kv in have["kv_dtype"] for q in have["
 # other page size and shape is the generic kernel's (it reads the page size at run time).
 PAGED_SPECIALIZED = {"sm90a": dict(dtypes=(("bf16", "fp8e4m3fn"), ("bf16", "bf16")),
                                    shapes=((32, 8192), (64, 8192), (256, 8192)), page_sizes=(1, 64))}
+# Specialized kernels for other query rows (heads x query tokens a sequence): the shapes an
+# engine runs most (128 heads: TP1 / data-parallel attention; 64, 32: TP2, TP4; q_len 2 and 4:
+# MTP / speculative verification at TP8). Every other (heads, q_len) is the generic kernel's.
+# (num_heads, q_len) -> ((q dtype, kv dtype) pairs, shapes)
+ROWS_SPECIALIZED = {"sm90a": {(128, 1): ((("bf16", "fp8e4m3fn"), ("fp8", "fp8e4m3fn")), ((64, 8192), (128, 4096))),
+                              (64, 1): ((("bf16", "fp8e4m3fn"),), ((64, 8192),)),
+                              (32, 1): ((("bf16", "fp8e4m3fn"),), ((64, 8192),)),
+                              (16, 2): ((("bf16", "fp8e4m3fn"),), ((32, 8192), (64, 8192), (256, 8192))),
+                              (16, 4): ((("bf16", "fp8e4m3fn"),), ((32, 8192), (64, 8192), (256, 8192)))}}
 # Tile choices built as generic kernels besides the default, so `make tune` can measure
 # them on any shape without regenerating: (block_n, stages) per (arch, kv dtype).
 TUNING_TILES = {("sm90a", "fp8e4m3fn"): ((32, 3), (32, 4), (32, 6), (64, 3)),
@@ -75,20 +84,23 @@ def native_fp8_splits(batch: int, kv_len: int) -> int:
     return max(1, min(-(-NATIVE_FP8_TARGET_BLOCKS // batch), -(-tiles // 4), 64))
 
 
-def heuristic_params(arch: str, batch: int, kv_len: int, kv_dtype: str = "fp8e4m3fn") -> dict:
+def heuristic_params(arch: str, batch: int, kv_len: int, kv_dtype: str = "fp8e4m3fn", row_groups: int = 1) -> dict:
     """Splits that fill the GPU without letting the partial outputs (32 KB a split, about
-    56 tokens of fp8 KV) rival the KV bytes: at least 256 tokens a split."""
+    56 tokens of fp8 KV) rival the KV bytes: at least 256 tokens a split. row_groups: blocks
+    of 16 query rows a sequence (heads x query tokens / 16)."""
     generic = generic_spec(arch, "bf16", kv_dtype)  # the q format changes no tiling
     if generic.native_fp8:
-        return dict(splits=native_fp8_splits(batch, kv_len), block_n=generic.block_n, stages=generic.stages)
-    return dict(splits=heuristic_splits(generic.target_blocks, batch, kv_len),
+        return dict(splits=native_fp8_splits(batch * row_groups, kv_len), block_n=generic.block_n,
+                    stages=generic.stages)
+    return dict(splits=heuristic_splits(generic.target_blocks, batch * row_groups, kv_len),
                 block_n=generic.block_n, stages=generic.stages)
 
 
-def heuristic_splits(target_blocks: int, batch: int, kv_len: int) -> int:
+def heuristic_splits(target_blocks: int, blocks: int, kv_len: int) -> int:
     """The same rule as the runtime's generic_splits() (runtime/src/runtime.cpp): round
-    half up, at least 1, at most one split per 256 tokens and 64 in all."""
-    splits = max(1, int(target_blocks / batch + 0.5))
+    half up, at least 1, at most one split per 256 tokens and 64 in all. blocks: batch x
+    row groups (the blocks a split of every sequence makes)."""
+    splits = max(1, int(target_blocks / blocks + 0.5))
     return min(splits, max(1, kv_len // 256), 64)
 
 
@@ -139,6 +151,13 @@ def build_catalog(shapes: Iterable[tuple[int, int]] | None = None,
                         p = params_for(arch, batch, kv_len, q_dtype, kv_dtype, tuning, page)
                         specs.append(KernelSpec(arch, batch, kv_len, q_dtype=q_dtype, kv_dtype=kv_dtype,
                                                 page_size=page, **p))
+        for (heads, q_len), (pairs, shapes_) in ROWS_SPECIALIZED.get(arch, {}).items():
+            groups = -(-heads * q_len // 16)
+            for q_dtype, kv_dtype in pairs:
+                for batch, kv_len in shapes_:
+                    p = heuristic_params(arch, batch, kv_len, kv_dtype, groups)
+                    specs.append(KernelSpec(arch, batch, kv_len, q_dtype=q_dtype, kv_dtype=kv_dtype, num_heads=heads,
+                                            q_len=q_len, **p))
     check_unique(specs)
     unimplemented = [s.name for s in specs if not s.implemented]
     if unimplemented:
@@ -164,7 +183,8 @@ def bundle_catalog(arch: str, kv_format: str, q_dtype: str = "bf16") -> list[Ker
     kv_dtype = kv_dtype_of(arch, kv_format)
     full = build_catalog(archs=[arch], include_shapes_file=False)
     keep = [s for s in full if (s.q_dtype, s.kv_dtype) == (q_dtype, kv_dtype)
-            and (s.role == 1 or (s.role == 0 and s.page_size == 0 and (s.batch, s.kv_len) in LEADERBOARD_SHAPES))]
+            and (s.role == 1 or (s.role == 0 and s.page_size == 0 and (s.num_heads, s.q_len) == (16, 1)
+                                 and (s.batch, s.kv_len) in LEADERBOARD_SHAPES))]
     if not any(s.role == 1 for s in keep):
         raise SpecError(f"no generic kernel for q {q_dtype} / kv {kv_dtype} on {arch}: not a format a bundle can carry")
     return keep

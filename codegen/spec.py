@@ -62,6 +62,7 @@ DEFAULTS = dict(num_heads=16, q_len=1, qk_dim=576, v_dim=512, block_n=32, stages
 # optional tags, in name order: tag -> field
 OPTIONAL_TAGS = (("h", "num_heads"), ("ql", "q_len"), ("dk", "qk_dim"), ("dv", "v_dim"),
                  ("bn", "block_n"), ("st", "stages"), ("pg", "page_size"))
+NUM_HEADS = (8, 16, 32, 64, 128)  # what the kernels take (shapes.cuh QueryRows: rows in blocks of 16)
 PAGE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # what the kernels read (kv_rows.cuh)
 # KV row bytes, the unit of kv_stride_token in bytes, and the scale kind (0 none, 1 one float32,
 # 2 E8M0 rows): what the runtime checks a problem's KV against (registry rows carry them)
@@ -235,10 +236,12 @@ class KernelSpec:
         for f in ("batch", "kv_len", "splits"):
             if getattr(self, f) < 0:
                 bad(f, "a positive integer (or 0 = any)")
-        if self.num_heads != 16:
-            bad("num_heads", "16 (the device code's MMA M dimension)")
-        if self.q_len != 1:
-            bad("q_len", "1")
+        if self.num_heads not in NUM_HEADS:
+            bad("num_heads", f"one of {NUM_HEADS} (query heads: 128 over TP 1..16)")
+        if not 1 <= self.q_len <= 4:
+            bad("q_len", "1..4 (query tokens a sequence)")
+        if self.generic and (self.num_heads, self.q_len) != (16, 1):
+            bad("num_heads", "16 with q_len 1 for the generic kernel (it reads heads and q_len at run time)")
         if (self.qk_dim, self.v_dim) != (576, 512):
             bad("qk_dim", "576 with v_dim 512 (DeepSeek MLA latent + rope)")
         if self.page_size and self.page_size not in PAGE_SIZES:

@@ -55,8 +55,16 @@ def test_default_catalog_is_the_leaderboard():
         mine = [s for s in specs if s.arch == arch]
         for q_dtype, kv_dtype in catalog.DEFAULT_DTYPES[arch]:  # every leaderboard shape, specialized
             shapes = sorted((s.batch, s.kv_len) for s in mine
-                            if not s.generic and not s.page_size and (s.q_dtype, s.kv_dtype) == (q_dtype, kv_dtype))
+                            if not s.generic and not s.page_size and (s.num_heads, s.q_len) == (16, 1)
+                            and (s.q_dtype, s.kv_dtype) == (q_dtype, kv_dtype))
             assert shapes == sorted(catalog.LEADERBOARD_SHAPES), (arch, q_dtype, kv_dtype)
+        # other query rows: exactly ROWS_SPECIALIZED's (heads, q_len, dtypes, shapes)
+        rows = catalog.ROWS_SPECIALIZED.get(arch, {})
+        got = sorted((s.num_heads, s.q_len, s.q_dtype, s.kv_dtype, s.batch, s.kv_len) for s in mine
+                     if (s.num_heads, s.q_len) != (16, 1))
+        want = sorted((h, n, q, kv, b, L) for (h, n), (pairs, shapes_) in rows.items() for q, kv in pairs
+                      for b, L in shapes_)
+        assert got == want, arch
         paged = catalog.PAGED_SPECIALIZED.get(arch)  # page sizes 1 and 64 on the long shapes
         got = sorted((s.q_dtype, s.kv_dtype, s.batch, s.kv_len, s.page_size) for s in mine if s.page_size)
         want = sorted((q, kv, b, n, pg) for q, kv in paged["dtypes"] for b, n in paged["shapes"]
@@ -174,3 +182,15 @@ def test_cli_list_prints_the_catalog():
     r = subprocess.run([sys.executable, "-m", "codegen", "list", "--shapes", "48x"], cwd=ROOT,
                        capture_output=True, text=True)
     assert r.returncode == 2 and "BATCHxKV_LEN" in r.stderr
+
+
+def test_row_specs_round_trip_and_validate():
+    s = KernelSpec("sm90a", 64, 8192, 1, "bf16", "fp8e4m3fn", num_heads=128, block_n=64, stages=2)
+    assert "_h128_" in s.name and KernelSpec.parse(s.name) == s
+    s2 = KernelSpec("sm90a", 32, 8192, 2, "bf16", "fp8e4m3fn", q_len=4, block_n=64, stages=2)
+    assert "_ql4_" in s2.name and KernelSpec.parse(s2.name) == s2
+    for kw, field in [(dict(num_heads=12), "num_heads"), (dict(q_len=5), "q_len")]:
+        with pytest.raises(SpecError, match=field):
+            KernelSpec("sm90a", 4, 1024, 1, **kw)
+    with pytest.raises(SpecError, match="generic"):
+        KernelSpec("sm90a", 0, 0, 0, num_heads=128)

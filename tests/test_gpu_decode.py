@@ -27,7 +27,8 @@ LEADERBOARD = [(4, 1024), (4, 8192), (32, 1024), (32, 8192), (64, 1024), (64, 81
 def _specs():
     with open(os.path.join(ROOT, "generated", "manifest.json")) as f:
         return [k for k in json.load(f)["kernels"] if k["arch"] == "sm90a" and k["batch"] and not k.get("page_size")
-                and (k["q_dtype"], k["kv_dtype"]) == ("bf16", "fp8e4m3fn")]  # other formats: test_gpu_formats.py
+                and (k["q_dtype"], k["kv_dtype"]) == ("bf16", "fp8e4m3fn")
+                and (k["num_heads"], k["q_len"]) == (16, 1)]  # other query rows: test_gpu_rows.py  # other formats: test_gpu_formats.py
 
 
 def fresh_seed():
@@ -165,7 +166,8 @@ def test_indptr_past_total_kv_is_flagged_by_the_generic_kernel(splits):
 
 @pytest.mark.parametrize("mutate,msg", [
     (lambda d: d.update(q=d["q"].float()), "q: dtype torch.float32: expected torch.bfloat16"),
-    (lambda d: d.update(q=d["q"].repeat(1, 2, 1)), "q: 32 heads: expected 16"),
+    (lambda d: d.update(q=d["q"][:, :12]), "q: 12 heads: expected one of \\(8, 16, 32, 64, 128\\)"),
+    (lambda d: d.update(q=d["q"].repeat(1, 2, 1)), "config\\['num_heads'\\]=16: expected 32"),
     (lambda d: d.update(kv_fp8=d["kv_fp8"][:, :, :512]), "kv: shape"),
     (lambda d: d.update(kv_indptr=d["kv_indptr"].long()), "kv_indptr: torch.int64"),
     (lambda d: d.update(kv_scale=d["kv_scale"].double()), "kv_scale"),

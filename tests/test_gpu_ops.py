@@ -106,3 +106,75 @@ def test_op_in_a_cuda_graph():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, _eager(args)), f"seed {seed}: replay differs from an eager call on the new inputs"
+
+
+def _rows_args(heads, q_len, paged, seed):
+    """heads x q_len query rows; paged: a random block table over pages of 64."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    batch, kv_len = 3, 640
+    kv = torch.randn((batch * kv_len, 1, 576), generator=g, device="cuda").to(torch.bfloat16)
+    fp8, scale = quant.quantize_fp8(kv)
+    q = torch.randn((batch * q_len, heads, 576), generator=g, device="cuda").to(torch.bfloat16)
+    qo = torch.arange(0, (batch + 1) * q_len, q_len, dtype=torch.int32, device="cuda")
+    kvp = torch.arange(0, (batch + 1) * kv_len, kv_len, dtype=torch.int32, device="cuda")
+    if not paged:
+        return (q, fp8, scale, qo, kvp, "fp8", "bf16", kv_len, SM, None, q_len)
+    table = torch.randperm(batch * kv_len // 64, generator=g, device="cuda").to(torch.int32).view(batch, -1)
+    lens = torch.full((batch,), kv_len, dtype=torch.int32, device="cuda")
+    return (q, fp8.view(-1, 64, 1, 576), scale, qo, None, "fp8", "bf16", kv_len, SM, None, q_len, table, lens, 64)
+
+
+@pytest.mark.parametrize("heads,q_len,paged", [(128, 1, False), (8, 2, True), (32, 4, False), (16, 3, True)])
+def test_lse_op_rows_and_pages_match_decode_and_pass_opcheck(heads, q_len, paged):
+    seed = fresh_seed()
+    args = _rows_args(heads, q_len, paged, seed)
+    out, lse = torch.ops.mlagen.decode_lse(*args)
+    only = torch.ops.mlagen.decode(*args)
+    q, kv, scale, qo, kvp = args[:5]
+    config = {"batch_size": qo.numel() - 1, "kv_seq_len": args[7], "sm_scale": SM}
+    kw = dict(page_table=args[11], kv_lens=args[12], page_size=64) if paged else {}
+    want, want_lse = mlagen.decode(q, {"fp8": (kv, scale)}, qo, kvp, config, kv_format="fp8", q_len=q_len,
+                                   return_lse=True, **kw)
+    torch.cuda.synchronize()
+    assert out.shape == (q.shape[0], heads, 512) and lse.shape == (q.shape[0], heads) and lse.dtype == torch.float32
+    assert torch.equal(out, want) and torch.equal(only, want), f"seed {seed}: the op differs from mlagen.decode"
+    assert torch.equal(lse, want_lse) and torch.isfinite(lse).all(), f"seed {seed}: LSE differs"
+    checks = tuple(c for c in ALL_CHECKS if c != "test_schema")  # fp8 inputs (see ALL_CHECKS)
+    torch.library.opcheck(torch.ops.mlagen.decode_lse.default, args, test_utils=checks)
+    torch.library.opcheck(torch.ops.mlagen.decode.default, args, test_utils=checks)
+
+
+def test_lse_op_rows_under_compile_and_in_a_graph():
+    """128 heads x 2 tokens on a paged cache: torch.compile(fullgraph=True), then graph replay."""
+    seed = fresh_seed()
+    args = list(_rows_args(128, 2, True, seed))
+
+    def model(*a):
+        o, l = torch.ops.mlagen.decode_lse(*a)
+        return o, l * 2.0
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    got_o, got_l = compiled(*args)
+    want_o, want_l = model(*args)
+    torch.cuda.synchronize()
+    assert torch.equal(got_o, want_o) and torch.equal(got_l, want_l), f"seed {seed}: compiled differs from eager"
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.ops.mlagen.decode_lse(*args)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        o, l = torch.ops.mlagen.decode_lse(*args)
+    fresh = _rows_args(128, 2, True, fresh_seed())
+    args[0].copy_(fresh[0])
+    args[1].copy_(fresh[1])
+    args[11].copy_(fresh[11])  # a new page order too
+    o.fill_(float("nan"))
+    l.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    want_o, want_l = torch.ops.mlagen.decode_lse(*args)
+    torch.cuda.synchronize()
+    assert torch.equal(o, want_o) and torch.equal(l, want_l), f"seed {seed}: replay differs from an eager call"

@@ -84,7 +84,7 @@ def test_cached_path_validates_like_a_first_call():
     torch.cuda.synchronize()
     entry = mlagen.leaderboard_entry("fp8")
     assert torch.equal(entry((q, kv_data, qo, kvp, config)), good)  # the cached path, same answer
-    bad_configs = [(dict(config, batch_size=5), "batch_size"), (dict(config, q_seq_len=2), "q_seq_len"),
+    bad_configs = [(dict(config, batch_size=5), "batch_size"), (dict(config, q_seq_len=5), "q_seq_len"),
                    (dict(config, qk_head_dim=512), "qk_head_dim"), (dict(config, num_heads=8), "num_heads"),
                    (dict(config, v_head_dim=576), "v_head_dim"), (dict(config, kv_lora_rank=448), "kv_lora_rank")]
     for cfg, field in bad_configs:
@@ -110,7 +110,7 @@ def test_cached_path_validates_like_a_first_call():
     assert torch.equal(mlagen.decode(q, kv_data, qo, kvp, config), good)  # and the good call still works
     mutated = dict(config)
     assert torch.equal(entry((q, kv_data, qo, kvp, mutated)), good)
-    mutated["q_seq_len"] = 2  # the same dict object, changed in place after a cached call
+    mutated["q_seq_len"] = 5  # the same dict object, changed in place after a cached call (q_len > 4)
     with pytest.raises(mlagen.MlagenError, match="q_seq_len"):
         entry((q, kv_data, qo, kvp, mutated))
     import numpy as np

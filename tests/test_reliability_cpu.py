@@ -61,7 +61,7 @@ def test_abi_version_4_has_no_stream_in_the_problem(L):
     """The stream is a launch argument (mlagen_decode / mlagen_run), not part of the problem;
     a problem of a previous ABI is refused by its version."""
     assert "stream" not in {f for f, _ in Problem._fields_}
-    _refused(Problem.make(4, 1024, abi_version=3), "abi_version=3: expected 4")
+    _refused(Problem.make(4, 1024, abi_version=4), "abi_version=4: expected 5")
 
 
 def test_extra_shapes_generate_into_the_build_folder():

@@ -43,7 +43,8 @@ def test_leaderboard_shapes_dispatch_to_their_kernel(L, batch, kv_len):
     for q_dtype, kv_dtype in catalog.DEFAULT_DTYPES["sm90a"]:
         info = _lib.select(Problem.make(batch, kv_len, q_dtype=q_dtype, kv_dtype=kv_dtype))
         spec = next(s for s in catalog.build_catalog()
-                    if (s.arch, s.batch, s.kv_len, s.q_dtype, s.kv_dtype) == ("sm90a", batch, kv_len, q_dtype, kv_dtype))
+                    if (s.arch, s.batch, s.kv_len, s.q_dtype, s.kv_dtype, s.page_size, s.num_heads, s.q_len) ==
+                    ("sm90a", batch, kv_len, q_dtype, kv_dtype, 0, 16, 1))
         assert info["name"] == spec.name and not info["generic"] and info["splits"] == spec.splits
         assert (info["q_dtype"], info["kv_dtype"]) == (q_dtype, kv_dtype)
 
@@ -110,18 +111,24 @@ def test_workspace_size_exact_values(L):
     # already) + 4*3*16*512*4 = 393216 bytes of partials
     assert L.mlagen_workspace_bytes(ctypes.byref(Problem.make(4, 1024, force_generic=1, splits=1))) == 1024
     assert L.mlagen_workspace_bytes(ctypes.byref(Problem.make(4, 1024, force_generic=1, splits=3))) == 264704 + 393216
-    assert L.mlagen_workspace_bytes(ctypes.byref(Problem.make(4, 1024, num_heads=8))) == 0  # invalid: no kernel
+    assert L.mlagen_workspace_bytes(ctypes.byref(Problem.make(4, 1024, num_heads=12))) == 0  # invalid: no kernel
+    # 128 heads x 2 tokens = 16 blocks of 16 rows a sequence: partials 16x the 16-head ones
+    assert L.mlagen_workspace_bytes(ctypes.byref(Problem.make(4, 1024, num_heads=128, q_len=2, total_q=8,
+                                                              force_generic=1, splits=3))) == \
+        _workspace_layout_bytes(4, 3, heads=256)
 
 
 PAGED = dict(page_size=16, page_table=0x8000, page_table_width=64, page_table_stride=64, page_table_len=4 * 64, kv_lens=0x9000)
 BAD = [
-    (dict(num_heads=32), "num_heads=32: expected 16"),
+    (dict(num_heads=12), "num_heads=12: expected 8, 16, 32, 64 or 128"),
     (dict(num_kv_heads=2), "num_kv_heads=2: expected 1"),
-    (dict(q_len=4), "q_len=4: expected 1"),
+    (dict(q_len=5), "q_len=5: expected 1..4"),
+    (dict(q_len=2, total_q=9), "total_q=9: expected batch..batch\\*q_len = 4..8"),
     (dict(qk_dim=512), "qk_dim=512: expected 576"),
     (dict(v_dim=576), "v_dim=576: expected 512"),
     (dict(batch=0), "batch=0: expected 1..65535"),
-    (dict(total_q=5), "total_q=5: expected batch\\*q_len = 4"),
+    (dict(total_q=5), "total_q=5: expected batch..batch\\*q_len = 4..4"),
+    (dict(total_q=3, q_len=2), "total_q=3: expected batch..batch\\*q_len = 4..8"),
     (dict(total_kv=4000), "total_kv=4000: expected batch\\*kv_len = 4096"),
     (dict(sm_scale=float("nan")), "sm_scale=nan"),
     (dict(splits=65), "splits=65"),
@@ -138,7 +145,7 @@ BAD = [
     (dict(out_stride_head=500), "out_stride_head=500"),
     (dict(out_stride_token=512), "out_stride_token=512"),
     (dict(q_dtype=9), "q_dtype=9"),
-    (dict(abi_version=7), "abi_version=7: expected 4"),
+    (dict(abi_version=7), "abi_version=7: expected 5"),
     (dict(page_size=12, page_table=0x8000), "page_size=12: expected a power of two 1..256"),
     (dict(page_size=512, page_table=0x8000), "page_size=512: expected a power of two"),
     (dict(page_size=16), "page_table: NULL pointer"),
@@ -302,6 +309,26 @@ def test_plan_and_run_check_the_call_against_the_plan(L):
         st, err = run(**kw)
         assert st != _lib.OK and re.search(msg, err), (kw, err)
     L.mlagen_plan_destroy(plan)
-    bad = Problem.make(4, 1024, num_heads=8)
+    bad = Problem.make(4, 1024, num_heads=12)
     assert L.mlagen_plan(ctypes.byref(bad), ctypes.byref(plan)) == _lib.ERR_INVALID
-    assert "num_heads=8" in L.mlagen_last_error().decode()
+    assert "num_heads=12" in L.mlagen_last_error().decode()
+
+
+@pytest.mark.parametrize("heads,q_len,batch,kv_len,tag", [(128, 1, 64, 8192, "h128"), (128, 1, 128, 4096, "h128"),
+                                                          (64, 1, 64, 8192, "h64"), (32, 1, 64, 8192, "h32"),
+                                                          (16, 2, 32, 8192, "ql2"), (16, 4, 256, 8192, "ql4")])
+def test_row_shapes_select_their_specialized_kernel(heads, q_len, batch, kv_len, tag):
+    got = _lib.select(Problem.make(batch, kv_len, num_heads=heads, q_len=q_len))
+    assert not got["generic"] and tag in got["name"].split("_"), got["name"]
+    # fewer query tokens than q_len in some sequence (total_q < batch * q_len): the generic kernel
+    if q_len > 1:
+        assert _lib.select(Problem.make(batch, kv_len, num_heads=heads, q_len=q_len, total_q=batch * q_len - 1))["generic"]
+    # the same heads / q_len at a shape without a specialization: the generic kernel
+    assert _lib.select(Problem.make(48, 2048, num_heads=heads, q_len=q_len))["generic"]
+
+
+def test_generic_splits_count_row_groups():
+    """128 heads are 8 blocks a sequence and split: fewer splits than 16 heads."""
+    s16 = _lib.select(Problem.make(8, 8192, force_generic=1))["splits"]
+    s128 = _lib.select(Problem.make(8, 8192, num_heads=128, force_generic=1))["splits"]
+    assert s128 < s16 and s128 >= 1, (s16, s128)

@@ -48,14 +48,21 @@ mlagen_status validate(const mlagen_problem* p) {
   } while (0)
   MLAGEN_EXPECT(p->batch >= 1 && p->batch <= 65535, "batch=%d: expected 1..65535 (a grid dimension)", p->batch);
   MLAGEN_EXPECT(p->device >= -1, "device=%d: expected a device index, or -1 for the current device", p->device);
-  MLAGEN_EXPECT(p->num_heads == 16, "num_heads=%d: expected 16 (DeepSeek MLA at TP8)", p->num_heads);
+  MLAGEN_EXPECT(p->num_heads == 8 || p->num_heads == 16 || p->num_heads == 32 || p->num_heads == 64 ||
+                    p->num_heads == 128,
+                "num_heads=%d: expected 8, 16, 32, 64 or 128 (DeepSeek MLA's 128 heads over TP 16..1)", p->num_heads);
   MLAGEN_EXPECT(p->num_kv_heads == 1, "num_kv_heads=%d: expected 1 (MQA over the shared latent)", p->num_kv_heads);
-  MLAGEN_EXPECT(p->q_len == 1, "q_len=%d: expected 1", p->q_len);
+  MLAGEN_EXPECT(p->q_len >= 1 && p->q_len <= 4,
+                "q_len=%d: expected 1..4 (query tokens a sequence: decode, or MTP / speculative verification)", p->q_len);
   MLAGEN_EXPECT(p->qk_dim == 576, "qk_dim=%d: expected 576 (512 latent + 64 rope)", p->qk_dim);
   MLAGEN_EXPECT(p->v_dim == 512, "v_dim=%d: expected 512", p->v_dim);
-  MLAGEN_EXPECT(p->total_q == static_cast<int64_t>(p->batch) * p->q_len,
-                "total_q=%lld: expected batch*q_len = %lld", (long long)p->total_q,
+  MLAGEN_EXPECT(p->total_q >= p->batch && p->total_q <= static_cast<int64_t>(p->batch) * p->q_len,
+                "total_q=%lld: expected batch..batch*q_len = %d..%lld (q_len: the most query tokens a sequence; "
+                "batch*q_len when every sequence has q_len)", (long long)p->total_q, p->batch,
                 (long long)p->batch * p->q_len);
+  MLAGEN_EXPECT(static_cast<int64_t>(p->batch) * row_groups(p->num_heads, p->q_len) <= 65536,
+                "batch=%d: expected batch * ceil(num_heads*q_len/16) <= 65536 (blocks of 16 query rows; here %d a "
+                "sequence)", p->batch, row_groups(p->num_heads, p->q_len));
   MLAGEN_EXPECT(p->total_kv >= 0 && p->total_kv < (int64_t{1} << 31),
                 "total_kv=%lld: expected 0 <= total_kv < 2^31 (kv_indptr is int32)", (long long)p->total_kv);
   MLAGEN_EXPECT(p->kv_len >= 0, "kv_len=%d: expected >= 0 (0 = lengths differ, read from kv_indptr)", p->kv_len);
@@ -154,8 +161,8 @@ mlagen_status validate(const mlagen_problem* p) {
   MLAGEN_EXPECT(p->out_stride_token % 8 == 0 &&
                     (p->out_stride_token >= p->out_stride_head * p->num_heads ||
                      (p->out_stride_token >= p->v_dim && p->out_stride_head >= p->out_stride_token * p->total_q)),
-                "out_stride_token=%lld: expected a multiple of 8 that keeps rows apart (>= 16*out_stride_head)",
-                (long long)p->out_stride_token);
+                "out_stride_token=%lld: expected a multiple of 8 that keeps rows apart (>= num_heads*out_stride_head = %lld)",
+                (long long)p->out_stride_token, (long long)(p->out_stride_head * p->num_heads));
 #undef MLAGEN_EXPECT
   return MLAGEN_OK;
 }
@@ -202,7 +209,9 @@ int generic_splits(const mlagen_problem* p, const KernelEntry& e) {
   if (p->splits > 0) return p->splits;
   const int64_t avg = p->total_kv / p->batch;
   // Same rule as the generator's catalog.heuristic_splits(): round half up.
-  int s = static_cast<int>(static_cast<double>(e.target_blocks) / p->batch + 0.5);
+  // (a sequence's row groups are blocks too: 128 heads are 8 blocks of 16 rows a split)
+  const int64_t blocks = static_cast<int64_t>(p->batch) * row_groups(p->num_heads, p->q_len);
+  int s = static_cast<int>(static_cast<double>(e.target_blocks) / blocks + 0.5);
   s = std::max(1, std::min<int>(s, static_cast<int>(std::max<int64_t>(1, avg / 256))));
   return std::min(s, 64);
 }
@@ -239,7 +248,8 @@ mlagen_status choose_entry(const mlagen_problem* p, const KernelEntry** entry, i
     for (size_t i = 0; i < num_entries(); ++i) {
       const KernelEntry& e = kKernelTable[i];
       if (e.role == 0 && e.batch == p->batch && e.kv_len == p->kv_len && e.q_dtype == p->q_dtype && e.kv_dtype == p->kv_dtype &&
-          e.num_heads == p->num_heads && e.q_len == p->q_len && e.page_size == p->page_size &&
+          e.num_heads == p->num_heads && e.q_len == p->q_len && p->total_q == static_cast<int64_t>(p->batch) * p->q_len &&
+          e.page_size == p->page_size &&
           !(p->page_indptr && e.page_size) && !std::strcmp(e.arch, MLAGEN_BUILD_ARCH) &&
           (p->splits == 0 || p->splits == e.splits)) {
         *entry = &e;
@@ -278,6 +288,8 @@ void fill_info(const KernelEntry& e, int splits, mlagen_kernel_info* info) {
   info->kv_dtype = e.kv_dtype;
   info->role = e.role;
   info->page_size = e.page_size;
+  info->num_heads = e.num_heads;
+  info->q_len = e.q_len;
 }
 }  // namespace
 
@@ -311,7 +323,7 @@ mlagen_status make_plan(const mlagen_problem* p, mlagen_plan_s* plan) {
   plan->problem.kernel_name = nullptr;  // not kept: the caller's string may go
   plan->entry = e;
   plan->splits = splits;
-  plan->workspace_bytes = workspace_layout(p->batch, splits).bytes;
+  plan->workspace_bytes = workspace_layout(p->batch, splits, row_groups(p->num_heads, p->q_len) * 16).bytes;
   plan->q_align = p->q_from_bf16 ? 16 : (p->q_dtype == MLAGEN_DTYPE_FP8 ? 4 : 8);
   return MLAGEN_OK;
 }
@@ -348,7 +360,7 @@ size_t mlagen_workspace_bytes(const mlagen_problem* p) {
   const KernelEntry* e = nullptr;
   int splits = 0;
   if (choose(p, &e, &splits) != MLAGEN_OK) return 0;
-  return workspace_layout(p->batch, splits).bytes;
+  return workspace_layout(p->batch, splits, row_groups(p->num_heads, p->q_len) * 16).bytes;
 }
 
 mlagen_status mlagen_decode(const mlagen_problem* p, mlagen_kernel_info* ran, void* stream) {

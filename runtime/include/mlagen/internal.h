@@ -36,14 +36,18 @@ constexpr size_t kSplitCountersBytes = size_t{4} * 65536;  // batch <= 65535
 struct WorkspaceLayout {
   size_t cnt_offset, ml_offset, o_offset, bytes;
 };
-inline WorkspaceLayout workspace_layout(int64_t batch, int64_t splits, int64_t heads = 16, int64_t v_dim = 512) {
+// Blocks of 16 query rows a sequence (device/shapes.cuh QueryRows): q_len tokens x num_heads heads.
+inline int32_t row_groups(int32_t num_heads, int32_t q_len) { return (num_heads * q_len + 15) / 16; }
+
+// rows: query rows a split's partial holds a sequence (row_groups * 16)
+inline WorkspaceLayout workspace_layout(int64_t batch, int64_t splits, int64_t rows = 16, int64_t v_dim = 512) {
   auto align = [](size_t x) { return (x + 255) / 256 * 256; };
   WorkspaceLayout w{};
   w.cnt_offset = kSplitCountersOffset;
   w.ml_offset = splits > 1 ? kSplitCountersOffset + kSplitCountersBytes : 1024;
-  const size_t ml_bytes = splits > 1 ? static_cast<size_t>(batch * splits * heads) * 8 : 0;
+  const size_t ml_bytes = splits > 1 ? static_cast<size_t>(batch * splits * rows) * 8 : 0;
   w.o_offset = align(w.ml_offset + ml_bytes);
-  const size_t o_bytes = splits > 1 ? static_cast<size_t>(batch * splits * heads * v_dim) * 4 : 0;
+  const size_t o_bytes = splits > 1 ? static_cast<size_t>(batch * splits * rows * v_dim) * 4 : 0;
   w.bytes = w.o_offset + o_bytes;
   return w;
 }

@@ -24,7 +24,8 @@ extern "C" {
 #define MLAGEN_API
 #endif
 
-#define MLAGEN_ABI_VERSION 4  /* 4: paged KV, LSE output, mlagen_plan / mlagen_run */
+#define MLAGEN_ABI_VERSION 5  /* 4: paged KV, LSE output, mlagen_plan / mlagen_run; 5: query rows (8..128
+                                 heads, q_len 1..4, causal), mlagen_kernel_info.num_heads / q_len */
 
 typedef enum {
   MLAGEN_OK = 0,
@@ -45,20 +46,22 @@ typedef enum {
 
 /* Device-side input check results, OR-ed into the workspace's error word. */
 #define MLAGEN_DEVERR_KV_INDPTR 1u  /* kv_indptr not monotonic / outside total_kv / not the uniform kv_len */
-#define MLAGEN_DEVERR_QO_INDPTR 2u  /* qo_indptr[b+1]-qo_indptr[b] != q_len or outside total_q */
+#define MLAGEN_DEVERR_QO_INDPTR 2u  /* qo_indptr[b+1]-qo_indptr[b] not q_len (a specialized kernel) / not 1..q_len
+                                       (the generic kernel), or outside total_q */
 #define MLAGEN_DEVERR_PAGE_TABLE 4u /* paged: a page id outside [0, num_pages), or a page list / length that
                                        does not fit the table (negative, past its width, last page 0 or > size) */
 
 typedef struct {
   int32_t abi_version;       /* MLAGEN_ABI_VERSION */
   int32_t batch;             /* sequences */
-  int32_t num_heads;         /* query heads: 16 */
+  int32_t num_heads;         /* query heads: 8, 16, 32, 64 or 128 */
   int32_t num_kv_heads;      /* 1 (MQA over the latent) */
-  int32_t q_len;             /* queries per sequence: 1 */
+  int32_t q_len;             /* query tokens a sequence, 1..4 (the most; fewer per qo_indptr: the generic
+                                kernel); causal: token i of n sees the first kv_len - n + 1 + i rows */
   int32_t qk_dim;            /* 576 */
   int32_t v_dim;             /* 512 */
   int32_t kv_len;            /* every sequence's kv length when all are equal, else 0 */
-  int64_t total_q;           /* rows of q and out */
+  int64_t total_q;           /* token rows of q and out: batch..batch*q_len */
   int64_t total_kv;          /* rows of kv */
   int32_t q_dtype;           /* mlagen_dtype */
   int32_t kv_dtype;          /* mlagen_dtype */
@@ -124,6 +127,7 @@ typedef struct {
   int32_t batch, kv_len, q_dtype, kv_dtype; /* the kernel's key (0 = any) */
   int32_t page_size;  /* specialized: the page size it reads (0 contiguous); generic: 0 (any, at run time) */
   int32_t role;       /* 0 specialized, 1 the generic kernel, 2 a tuning candidate (by name only) */
+  int32_t num_heads, q_len; /* specialized: the query rows it serves; generic: 16, 1 (any, at run time) */
 } mlagen_kernel_info;
 
 /* Validate and choose a kernel; no device work, usable without a GPU. */

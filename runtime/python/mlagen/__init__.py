@@ -23,11 +23,13 @@ from ._lib import (DTYPE, KernelInfo, MlagenError, Problem, fingerprint, kernels
 __all__ = ["decode", "leaderboard_entry", "prepare", "resolve_format", "KV_FORMATS", "FASTEST_ORDER", "check_device_errors", "kernels", "select", "fingerprint", "MlagenError",
            "Problem", "library_path", "last_kernel"]
 
-_QK, _DV, _HEADS = 576, 512, 16
+_QK, _DV = 576, 512
+NUM_HEADS = (8, 16, 32, 64, 128)  # query heads the kernels take (DeepSeek's 128 over TP 1..16)
+MAX_Q_LEN = 4                     # query tokens a sequence (decode, MTP / speculative verification)
 # The leaderboard config's fields with the one value the kernels implement (any other value is
-# an error naming the field; batch_size, kv_seq_len and sm_scale are read, not fixed).
-_CONFIG_FIXED = {"num_heads": _HEADS, "num_kv_heads": 1, "qk_head_dim": _QK, "kv_lora_rank": 512,
-                 "qk_rope_head_dim": 64, "v_head_dim": _DV, "q_seq_len": 1}
+# an error naming the field; batch_size, kv_seq_len, sm_scale, num_heads and q_seq_len are read).
+_CONFIG_FIXED = {"num_kv_heads": 1, "qk_head_dim": _QK, "kv_lora_rank": 512,
+                 "qk_rope_head_dim": 64, "v_head_dim": _DV}
 
 
 _torch_mod = None
@@ -102,8 +104,8 @@ class Plan:
         self.problem, self.device = problem, device
         self.device_index = device.index if device.index is not None else _torch().cuda.current_device()
         self.problem.device = self.device_index
-        self.out_shape = (problem.total_q, _HEADS, _DV)
-        self.lse_shape = (problem.total_q, _HEADS) if return_lse else None
+        self.out_shape = (problem.total_q, problem.num_heads, _DV)
+        self.lse_shape = (problem.total_q, problem.num_heads) if return_lse else None
         self.out_dtype = _torch().bfloat16
         self.bound: dict = {}  # launch handle -> its workspace tensor
         self.config = None  # the config it validated (a copy; decode sets it)
@@ -268,9 +270,29 @@ def _check_config(config: dict, q, qo_indptr) -> int:
         sm_scale = float("nan")
     if not 0 < sm_scale < float("inf"):
         raise MlagenError(1, f"config['sm_scale']={config.get('sm_scale')!r}: expected a finite number > 0")
-    if q.shape[1] != _HEADS:
-        raise MlagenError(1, f"q: {q.shape[1]} heads: expected {_HEADS}")
+    if q.shape[1] not in NUM_HEADS:
+        raise MlagenError(1, f"q: {q.shape[1]} heads: expected one of {NUM_HEADS}")
+    if "num_heads" in config and config["num_heads"] != q.shape[1]:
+        raise MlagenError(1, f"config['num_heads']={config['num_heads']!r}: expected {q.shape[1]} (q's heads)")
     return batch
+
+
+def _q_len(q_len, config: dict, total_q: int, batch: int) -> int:
+    """The most query tokens a sequence: q_len, else config['q_seq_len'], else total_q / batch
+    (when it divides); every sequence has that many unless qo_indptr says fewer (1..q_len)."""
+    given = q_len if q_len is not None else config.get("q_seq_len")
+    field = "q_len" if q_len is not None else "config['q_seq_len']"
+    if given is None:
+        if total_q % batch:
+            raise MlagenError(1, f"q_len: None with total_q={total_q} not a multiple of batch_size={batch}: expected "
+                                 f"q_len = the most query tokens a sequence (1..{MAX_Q_LEN})")
+        given = total_q // batch
+    n = _as_int(given)
+    if n is None or not 1 <= n <= MAX_Q_LEN:
+        raise MlagenError(1, f"{field}={given!r}: expected 1..{MAX_Q_LEN} (query tokens a sequence)")
+    if not batch <= total_q <= batch * n:
+        raise MlagenError(1, f"q: {total_q} token rows: expected batch_size..batch_size*{field} = {batch}..{batch * n}")
+    return n
 
 
 def _kv_rows(kv, row: int, kv_format: str, page_size: int):
@@ -299,7 +321,7 @@ def _check_int32(name, t, numel=None, dims=1, what=None):
 
 def prepare(q, kv, kv_scale, qo_indptr, kv_indptr, config: dict, *, kv_format: str = "fp8", q_dtype: str = "bf16",
             q_scale=None, force_generic=False, splits=0, kernel=None, page_size: int = 0, page_table=None,
-            kv_lens=None, kv_indices=None, kv_last_page_len=None, return_lse: bool = False) -> Plan:
+            kv_lens=None, kv_indices=None, kv_last_page_len=None, return_lse: bool = False, q_len=None) -> Plan:
     """A Plan for these inputs (see decode() for the arguments)."""
     torch = _torch()
     dev = q.device
@@ -313,7 +335,7 @@ def prepare(q, kv, kv_scale, qo_indptr, kv_indptr, config: dict, *, kv_format: s
     _check_q(q, q_dtype, q_scale)
     q_from_bf16 = int(q_dtype == "fp8" and q.dtype == torch.bfloat16)
     if q.dim() != 3 or q.shape[2] != _QK or q.stride(2) != 1:
-        raise MlagenError(1, f"q: shape {tuple(q.shape)} strides {q.stride()}: expected (total_q, 16, 576) "
+        raise MlagenError(1, f"q: shape {tuple(q.shape)} strides {q.stride()}: expected (total_q, num_heads, 576) "
                              f"with contiguous dims")
     kv_dtype = _kv_dtype_name(kv_format, kv, kv_scale)
     row = _QK // 2 if kv_dtype == "mxfp4" else _QK
@@ -335,6 +357,8 @@ def prepare(q, kv, kv_scale, qo_indptr, kv_indptr, config: dict, *, kv_format: s
                                  f"(one E8M0 scale per 32 dims of every token)")
         scale_stride = kv_scale.stride(0)
     batch = _check_config(config, q, qo_indptr)
+    q_len = _q_len(q_len, config, q.shape[0], batch)
+    heads = q.shape[1]
     _check_int32("qo_indptr", qo_indptr, batch + 1, what="batch_size+1")
     if not qo_indptr.is_contiguous():
         raise MlagenError(1, "qo_indptr: expected contiguous int32 (batch+1,)")
@@ -373,8 +397,8 @@ def prepare(q, kv, kv_scale, qo_indptr, kv_indptr, config: dict, *, kv_format: s
                           page_indptr=kv_indptr.data_ptr(), last_page_len=kv_last_page_len.data_ptr())
             kv_indptr = None  # the token indptr of the contiguous form: not this one
     if return_lse:
-        fields.update(lse=0x100, lse_stride_token=_HEADS)  # presence only: each call passes its own
-    p = Problem(abi_version=_lib.ABI_VERSION, batch=batch, num_heads=_HEADS, num_kv_heads=1, q_len=1,
+        fields.update(lse=0x100, lse_stride_token=heads)  # presence only: each call passes its own
+    p = Problem(abi_version=_lib.ABI_VERSION, batch=batch, num_heads=heads, num_kv_heads=1, q_len=q_len,
                 qk_dim=_QK, v_dim=_DV, kv_len=kv_len, total_q=q.shape[0], total_kv=kv_rows, q_dtype=DTYPE[q_dtype],
                 kv_dtype=DTYPE[kv_dtype], sm_scale=float(config.get("sm_scale", _QK ** -0.5)),
                 splits=splits, force_generic=int(bool(force_generic)),
@@ -382,7 +406,7 @@ def prepare(q, kv, kv_scale, qo_indptr, kv_indptr, config: dict, *, kv_format: s
                 kv=kv.data_ptr(), kv_stride_token=kv_stride,
                 kv_scale=kv_scale.data_ptr() if kv_scale is not None else None,
                 qo_indptr=qo_indptr.data_ptr(), kv_indptr=kv_indptr.data_ptr() if kv_indptr is not None else None,
-                out=0x100, out_stride_token=_HEADS * _DV, out_stride_head=_DV,
+                out=0x100, out_stride_token=heads * _DV, out_stride_head=_DV,
                 kernel_name=kernel.encode() if kernel else None, kv_scale_stride=scale_stride,
                 q_scale=q_scale.data_ptr() if q_scale is not None else None, q_from_bf16=q_from_bf16,
                 device=dev.index if dev.index is not None else torch.cuda.current_device(), **fields)
@@ -414,7 +438,7 @@ def _meta(q, kv, kv_scale, qo_indptr, kv_indptr, q_dtype, q_scale):
             _tensor_meta(kv_indptr), q_dtype, _tensor_meta(q_scale))
 
 
-_NO_OPTIONS = (False, 0, None, 0, None, None, None, None, False)  # decode()'s defaults, as in its key
+_NO_OPTIONS = (False, 0, None, 0, None, None, None, None, False, None)  # decode()'s defaults, as in its key
 
 
 def _decode_cached(q, kv_data, qo_indptr, kv_indptr, config, kv_format, q_dtype="bf16", q_scale=None):
@@ -466,10 +490,15 @@ def leaderboard_entry(kv_format: str = "fastest", q_dtype: str = "bf16"):
 def decode(q, kv_data, qo_indptr, kv_indptr, config: dict, *, kv_format: str = "fp8", q_dtype: str = "bf16",
            q_scale=None, out=None, force_generic: bool = False, splits: int = 0, kernel: str | None = None,
            page_table=None, page_size: int = 0, kv_lens=None, kv_indices=None, kv_last_page_len=None,
-           return_lse: bool = False):
+           return_lse: bool = False, q_len: int | None = None):
     """MLA decode: softmax(q K^T * sm_scale) V with K the 576-dim latent rows, V their first 512.
 
-    q (total_q, 16, 576) bf16 (or fp8 with q_scale); kv_data the leaderboard's dict
+    q (total_q, num_heads, 576) bf16 (or fp8 with q_scale), num_heads 8, 16, 32, 64 or 128;
+    q_len the query tokens a sequence, 1..4 (default config['q_seq_len'], else total_q /
+    batch): sequence b's tokens are q rows qo_indptr[b] .. qo_indptr[b+1] (q_len of them, or
+    1..q_len when they differ: the generic kernel), causal among themselves: token i of n sees
+    the sequence's first kv_len - n + 1 + i KV rows (the MTP / speculative verification mask).
+    kv_data the leaderboard's dict
     {"bf16": kv (total_kv, 1, 576) bf16, "fp8": (kv float8_e4m3fn, scale (1,) f32),
      "mxfp4": (data (total_kv, 1, 288) uint8, scales (total_kv, >= 18) uint8 E8M0)}
     or one entry of it; qo_indptr / kv_indptr (batch+1,) int32; config the leaderboard's dict.
@@ -487,7 +516,7 @@ def decode(q, kv_data, qo_indptr, kv_indptr, config: dict, *, kv_format: str = "
     Pages in any order, shared between sequences. A bad page id or list makes that sequence's
     output NaN (check_device_errors() raises), never a read outside the cache.
 
-    Returns (total_q, 16, 512) bf16, and with return_lse=True (out, lse): lse (total_q, 16)
+    Returns (total_q, num_heads, 512) bf16, and with return_lse=True (out, lse): lse (total_q, num_heads)
     float32 = ln sum_j exp(sm_scale q.k_j), the natural log of the scaled scores (FlashAttention's
     and FlashMLA's softmax_lse, what vLLM's merge_attn_states takes); -inf for an empty sequence.
     force_generic / splits / kernel (a name from kernels()) override the dispatch, for tests and tuning.
@@ -499,7 +528,7 @@ def decode(q, kv_data, qo_indptr, kv_indptr, config: dict, *, kv_format: str = "
     global _last_plan
     kv_format = resolve_format(kv_data, kv_format)
     options = (force_generic, splits, kernel, page_size, _tensor_meta(page_table), _tensor_meta(kv_lens),
-               _tensor_meta(kv_indices), _tensor_meta(kv_last_page_len), return_lse)
+               _tensor_meta(kv_indices), _tensor_meta(kv_last_page_len), return_lse, q_len)
     if out is None and options == _NO_OPTIONS:
         res = _decode_cached(q, kv_data, qo_indptr, kv_indptr, config, kv_format, q_dtype, q_scale)
         if res is not None:
@@ -522,7 +551,7 @@ def decode(q, kv_data, qo_indptr, kv_indptr, config: dict, *, kv_format: str = "
         plan = prepare(q, kv, kv_scale, qo_indptr, kv_indptr, config, kv_format=kv_format, q_dtype=q_dtype,
                        q_scale=q_scale, force_generic=force_generic, splits=splits, kernel=kernel,
                        page_size=page_size, page_table=page_table, kv_lens=kv_lens, kv_indices=kv_indices,
-                       kv_last_page_len=kv_last_page_len, return_lse=return_lse)
+                       kv_last_page_len=kv_last_page_len, return_lse=return_lse, q_len=q_len)
         plan.config = dict(config)
         if key is not None:
             _plans[key] = plan

@@ -4,7 +4,7 @@ from __future__ import annotations
 import ctypes
 import os
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 OK, ERR_INVALID, ERR_UNSUPPORTED, ERR_WORKSPACE, ERR_DEVICE, ERR_INPUT_DATA = range(6)
 DTYPE = {"bf16": 1, "fp8e4m3fn": 2, "fp8e4m3fnuz": 3, "mxfp4": 4, "fp8": 5}
 DTYPE_NAME = {v: k for k, v in DTYPE.items()}
@@ -60,13 +60,14 @@ class KernelInfo(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char_p), ("generic", ctypes.c_int32), ("splits", ctypes.c_int32),
                 ("block_n", ctypes.c_int32), ("stages", ctypes.c_int32), ("batch", ctypes.c_int32),
                 ("kv_len", ctypes.c_int32), ("q_dtype", ctypes.c_int32), ("kv_dtype", ctypes.c_int32),
-                ("page_size", ctypes.c_int32), ("role", ctypes.c_int32)]
+                ("page_size", ctypes.c_int32), ("role", ctypes.c_int32), ("num_heads", ctypes.c_int32),
+                ("q_len", ctypes.c_int32)]
 
     def as_dict(self) -> dict:
         return {"name": self.name.decode(), "generic": bool(self.generic), "splits": self.splits,
                 "block_n": self.block_n, "stages": self.stages, "batch": self.batch, "kv_len": self.kv_len,
                 "q_dtype": DTYPE_NAME.get(self.q_dtype), "kv_dtype": DTYPE_NAME.get(self.kv_dtype),
-                "page_size": self.page_size,
+                "page_size": self.page_size, "num_heads": self.num_heads, "q_len": self.q_len,
                 "role": ("specialized", "generic", "candidate")[self.role]}
 
 

@@ -328,7 +328,7 @@ MLAGEN_DEVICE float absmax_bf16x8(uint4 v) {
 template <int kThreads = 256>
 __global__ void __launch_bounds__(kThreads) q_amax_kernel(const Params p) {
   allow_dependent_launch();  // the decode grid may start its KV loads now
-  constexpr int kChunks = kHeads * kQkDim / 8;  // 16-byte pieces of a q row (1152)
+  const int kChunks = p.num_heads * (kQkDim / 8);  // 16-byte pieces of a q row (72 a head)
   const uint16_t* q = static_cast<const uint16_t*>(p.q);
   float m = 0.f;
   // the block's rows blockIdx.x, + grid, ... as one run of pieces, kInFlight loads a thread

@@ -80,13 +80,33 @@ MLAGEN_DEVICE SplitRange split_range(int seq_len, int split, int splits, int blo
 }
 
 // One row's online-softmax step in the log2 domain: m is the running max, mx this tile's
-// row max (finite: every tile has a valid token). Returns the factor exp2(m_old - m_new)
-// that rescales what was accumulated so far (0 on the first tile, where m_old = -inf).
+// row max. Returns the factor exp2(m_old - m_new) that rescales what was accumulated so far
+// (0 on the row's first tile with a key, where m_old = -inf). A row that has seen no key yet
+// (causal rows of a split's last tiles: every score -inf) keeps m = -inf and gets 1; the
+// exponents then go through exp_base(m), so its P is 0, not NaN.
 MLAGEN_DEVICE float online_max_update(float& m, float mx) {
   const float m_new = fmaxf(m, mx);
-  const float alpha = fast_exp2(m - m_new);
+  const float alpha = m_new == -INFINITY ? 1.f : fast_exp2(m - m_new);
   m = m_new;
   return alpha;
+}
+// What a row's scores are taken relative to: its running max, 0 while it is -inf.
+MLAGEN_DEVICE float exp_base(float m) { return m == -INFINITY ? 0.f : m; }
+// The step for a row whose tile max is finite (Shape::kRowsEndEarly false: one query token a
+// sequence): no -inf guard, exponents relative to m itself.
+MLAGEN_DEVICE float online_max_update_finite(float& m, float mx) {
+  const float m_new = fmaxf(m, mx);
+  const float alpha = fast_exp2(m - m_new);  // 0 on the first tile
+  m = m_new;
+  return alpha;
+}
+template <bool kRowsEndEarly>
+MLAGEN_DEVICE float online_step(float& m, float mx) {
+  return kRowsEndEarly ? online_max_update(m, mx) : online_max_update_finite(m, mx);
+}
+template <bool kRowsEndEarly>
+MLAGEN_DEVICE float step_base(float m) {
+  return kRowsEndEarly ? exp_base(m) : m;
 }
 
 MLAGEN_DEVICE float quiet_nan() { return __int_as_float(0x7fc00000); }
@@ -135,19 +155,25 @@ struct SplitMerge {
   MLAGEN_DEVICE float lse() const { return lse_of(mmax, lsum, bad); }
 };
 
-// Merges the splits of one (sequence, head): out = sum_s w_s O_s / sum_s w_s l_s with
-// w_s = 2^(m_s - max m), times the per-tensor KV scale where the kernel's path leaves it
-// to the end (fp8). 128 threads x 4 dims; grid = batch * 16. Launched as a dependent grid
-// (NVIDIA), it reads the call's own inputs while the decode grid still runs, then merges
-// online with the loads of 8 splits in flight at once: one L2 round trip per 8 splits after
-// the wait. A split flagged bad (NaN sum) makes the row NaN, as one split does.
+// Merges the splits of one (sequence, query row): out = sum_s w_s O_s / sum_s w_s l_s with
+// w_s = 2^(m_s - max m), times the per-tensor KV scale where the kernel's path leaves it to
+// the end (fp8). 128 threads x 4 dims; grid = batch * row_groups * 16 (padding rows return).
+// Launched as a dependent grid (NVIDIA), it reads the call's own inputs while the decode
+// grid still runs, then merges online with the loads of 8 splits in flight at once: one L2
+// round trip per 8 splits after the wait. A split flagged bad (NaN sum) makes the row NaN,
+// as one split does.
 template <class T, class Shape>
 __global__ void __launch_bounds__(128) mla_combine_kernel(const Params p) {
   constexpr int kGroup = 8;
-  const int b = blockIdx.x / kHeads, h = blockIdx.x % kHeads;
+  const int per_seq = Shape::row_groups(p) * kHeads;
+  const int b = blockIdx.x / per_seq, r = blockIdx.x % per_seq;
   const int splits = Shape::splits(p);
-  const int64_t slot0 = static_cast<int64_t>(b) * splits;
-  const int64_t q_row = Shape::q_row(p, b);
+  const QueryTokens qt = Shape::query(p, b);
+  const QueryRows rows = query_rows<Shape>(p, BlockCoord{b, 0, r / kHeads}, qt.row, qt.n, 0);
+  const int j = r % kHeads;
+  if (!rows.owns(j)) return;
+  const int64_t stride = static_cast<int64_t>(Shape::row_groups(p)) * kHeads;  // part rows a split
+  const int64_t part0 = rows.part(j);  // split 0's row (slot b * splits)
   const float o_scale = T::kWide ? 1.f : kv_scale_of(p) * T::kVUnit;
   wait_for_prior_grid();  // the decode grid's partials are complete and visible
   SplitMerge mg;
@@ -156,28 +182,30 @@ __global__ void __launch_bounds__(128) mla_combine_kernel(const Params p) {
     float2 ml[kGroup];
     float4 v[kGroup];
 #pragma unroll
-    for (int j = 0; j < kGroup; ++j) {
-      const int64_t slot = slot0 + min(s0 + j, splits - 1);  // past the end: read again, skipped below
-      ml[j] = p.part_ml[slot * kHeads + h];
-      v[j] = reinterpret_cast<const float4*>(p.part_o + (slot * kHeads + h) * kVDim)[threadIdx.x];
+    for (int i = 0; i < kGroup; ++i) {
+      const int64_t at = part0 + min(s0 + i, splits - 1) * stride;  // past the end: read again, skipped below
+      ml[i] = p.part_ml[at];
+      v[i] = reinterpret_cast<const float4*>(p.part_o + at * kVDim)[threadIdx.x];
     }
 #pragma unroll
-    for (int j = 0; j < kGroup; ++j) {
-      if (s0 + j >= splits) break;
+    for (int i = 0; i < kGroup; ++i) {
+      if (s0 + i >= splits) break;
       float a, w;
-      if (!mg.add(ml[j], a, w)) continue;  // no tokens: weight 0
-      acc.x = acc.x * a + w * v[j].x;
-      acc.y = acc.y * a + w * v[j].y;
-      acc.z = acc.z * a + w * v[j].z;
-      acc.w = acc.w * a + w * v[j].w;
+      if (!mg.add(ml[i], a, w)) continue;  // no tokens: weight 0
+      acc.x = acc.x * a + w * v[i].x;
+      acc.y = acc.y * a + w * v[i].y;
+      acc.z = acc.z * a + w * v[i].z;
+      acc.w = acc.w * a + w * v[i].w;
     }
   }
   const float inv = mg.scale(o_scale);
   uint2 v;
   v.x = pack_bf16x2(acc.x * inv, acc.y * inv);
   v.y = pack_bf16x2(acc.z * inv, acc.w * inv);
-  *reinterpret_cast<uint2*>(p.out + q_row * p.out_stride_token + h * p.out_stride_head + 4 * threadIdx.x) = v;
-  if (threadIdx.x == 0 && p.lse) p.lse[q_row * p.lse_stride_token + h] = mg.lse();
+  const int64_t tok = rows.token(j);
+  const int h = rows.head(j);
+  *reinterpret_cast<uint2*>(p.out + tok * p.out_stride_token + h * p.out_stride_head + 4 * threadIdx.x) = v;
+  if (threadIdx.x == 0 && p.lse) p.lse[tok * p.lse_stride_token + h] = mg.lse();
 }
 
 }  // namespace mlagen::device

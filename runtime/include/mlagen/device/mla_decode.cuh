@@ -1,13 +1,14 @@
 // MLA decode attention, absorbed form, split-K with an online softmax.
 //
-// Per sequence b: 16 query heads q[b] (16 x 576) attend over the sequence's KV rows
-// (one shared 576-dim latent row per token; K = all 576 dims, V = the first 512):
-//     out[b] = softmax(q[b] K^T * sm_scale) V          (16 x 512)
+// Per sequence b: its query rows (q_len tokens x num_heads heads, shapes.cuh QueryRows)
+// attend over the sequence's KV rows (one shared 576-dim latent row per token; K = all 576
+// dims, V = the first 512), causal among the query tokens:
+//     out[row] = softmax(q[row] K^T * sm_scale) V      (512 a row)
 //
-// Work split: grid (splits, batch). Block (s, b) streams its share of the sequence's
+// Work split: grid (splits x row groups, batch); a block owns 16 query rows. Block (s, b) streams its share of the sequence's
 // tokens in tiles of kBlockN rows through a kStages-deep cp.async ring in shared memory.
 // Each tile is read from global memory once and serves both products:
-//   S = Q K^T : the 16 heads are the MMA M dimension; warp w owns the 144 dims
+//   S = Q K^T : the block's 16 query rows are the MMA M dimension; warp w owns the 144 dims
 //               [144w, 144w+144) of the inner product, the 4 partial S tiles are summed
 //               through shared memory, and every warp then holds the whole S tile.
 //   O += P V  : warp w owns the 128 output dims [128w, 128w+128).
@@ -56,6 +57,13 @@ struct Tiling : TileGeometry<kBlockN_, kStages_, /*warps=*/4> {
   static constexpr int kSmemBytes =
       kWarpgroup ? Wg::kSmemBytes : G::kStages * kStageBytes + kDecodedBytes + kRedBytes;
   static constexpr int kMinBlocksPerSm = kSmemBytes <= 110 * 1024 ? 2 : 1;
+  // A block of `wgs` warpgroups (the warpgroup kernel on fp8 KV: two row groups a block,
+  // mla_decode_sm90_wgmma.cuh): its threads and shared memory.
+  static constexpr bool kTwoWarpgroups = kWarpgroup && kKv == KvFormat::kFp8;
+  static constexpr int threads(int wgs) { return kThreads * wgs; }
+  static constexpr int smem_bytes(int wgs) {
+    return wgs == 2 ? WgLayout<wg_stages(kStages_, 2), kKv_, 2>::kSmemBytes : kSmemBytes;
+  }
   static_assert(G::kBlockN % 32 == 0, "kBlockN: multiple of 32 (ldmatrix.x4 takes 4 n8 tiles)");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory over sm_90's 227 KB a block: fewer stages");
 };
@@ -69,11 +77,11 @@ MLAGEN_DEVICE void quad_sum(float (&v)[2]) {
   }
 }
 
-// Sums the 4 warps' partial S tiles (same fragment layout in every warp), masks columns
-// past the sequence end and takes the online-softmax step (log2 domain). On return s holds
+// Sums the 4 warps' partial S tiles (same fragment layout in every warp), masks the columns
+// past each row's last key (valid[r]: row g + 8r's keys in this tile) and takes the online-softmax step (log2 domain). On return s holds
 // the unnormalized P, m / l are updated and alpha[r] rescales what row g + 8r accumulated.
-template <class T>
-MLAGEN_DEVICE void softmax_tile(float (&s)[T::kNTiles][4], float4* red, int warp, int lane, int valid,
+template <class T, bool kRowsEndEarly>
+MLAGEN_DEVICE void softmax_tile(float (&s)[T::kNTiles][4], float4* red, int warp, int lane, const int (&valid)[2],
                                 float s_scale, float (&m)[2], float (&l)[2], float (&alpha)[2]) {
   constexpr int NT = T::kNTiles, W = MLAGEN_WARP_SIZE;
   const int t = lane & 3;
@@ -96,7 +104,7 @@ MLAGEN_DEVICE void softmax_tile(float (&s)[T::kNTiles][4], float4* red, int warp
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int col = 8 * j + 2 * t + (e & 1);
-      const float v = col < valid ? s[j][e] * s_scale : -INFINITY;
+      const float v = col < valid[e >> 1] ? s[j][e] * s_scale : -INFINITY;
       s[j][e] = v;
       mx[e >> 1] = fmaxf(mx[e >> 1], v);
     }
@@ -105,13 +113,14 @@ MLAGEN_DEVICE void softmax_tile(float (&s)[T::kNTiles][4], float4* red, int warp
   for (int r = 0; r < 2; ++r) {
     mx[r] = fmaxf(mx[r], __shfl_xor(mx[r], 1));
     mx[r] = fmaxf(mx[r], __shfl_xor(mx[r], 2));
-    alpha[r] = online_max_update(m[r], mx[r]);
+    alpha[r] = online_step<kRowsEndEarly>(m[r], mx[r]);
   }
+  const float base[2] = {step_base<kRowsEndEarly>(m[0]), step_base<kRowsEndEarly>(m[1])};
 #pragma unroll
   for (int j = 0; j < NT; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      s[j][e] = fast_exp2(s[j][e] - m[e >> 1]);
+      s[j][e] = fast_exp2(s[j][e] - base[e >> 1]);
       lsum[e >> 1] += s[j][e];
     }
 #pragma unroll
@@ -130,11 +139,13 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
   static_assert(W == 32, "mma.sync fragments are defined for 32-lane warps");
   const int warp = threadIdx.x / W, lane = threadIdx.x % W;
   const int g = lane >> 2, t = lane & 3;
-  const int b = blockIdx.y, split = blockIdx.x;
+  const BlockCoord bc = block_coord<Shape>(p);
+  const int split = bc.split;
   allow_dependent_launch();  // the combine grid may start now; it waits for our results
   const int splits = Shape::splits(p);
 
-  const Sequence seq = Shape::sequence(p, b);
+  const Sequence seq = Shape::sequence(p, bc.b);
+  const QueryRows qr = query_rows<Shape>(p, bc, seq);  // rows g, g + 8 of this thread
   const float q_given = given_q_scale<T::kQ>(p);  // early: its round trip overlaps the q loads
   const SplitRange range = split_range(seq.len, split, splits, BN);
   const int ntiles = range.ntiles, tok_begin = range.tok_begin, tok_end = range.tok_end;
@@ -194,7 +205,7 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
   for (int c = 0; c < T::kQkChunksPerWarp; ++c)
 #pragma unroll
     for (int r = 0; r < 2; ++r)
-      q_raw[c][r] = load_q4_raw<T::kQ>(p, seq.q_row, g + 8 * r, (warp * T::kQkChunksPerWarp + c) * 16 + 4 * t);
+      q_raw[c][r] = load_q4_raw<T::kQ>(p, qr.token(g + 8 * r), qr.head(g + 8 * r), (warp * T::kQkChunksPerWarp + c) * 16 + 4 * t);
   const QQuant qq = q_setup<T::kQ>(p, q_given);
   int q_shift = 0;  // a bf16 q beyond f16's range: f16_q_shift (this warp's slice)
   if constexpr (T::kQ == QFormat::kBf16) {
@@ -251,7 +262,9 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
       for (int j = 0; j < NT; ++j) s[j][0] *= s_unshift, s[j][1] *= s_unshift, s[j][2] *= s_unshift, s[j][3] *= s_unshift;
     }
     float alpha[2];
-    softmax_tile<T>(s, red, warp, lane, tok_end - (tok_begin + it * BN), s_scale, m, l, alpha);
+    const int tok0 = tok_begin + it * BN;
+    const int valid[2] = {min(tok_end, qr.key_end(g)) - tok0, min(tok_end, qr.key_end(g + 8)) - tok0};
+    softmax_tile<T, Shape::kRowsEndEarly>(s, red, warp, lane, valid, s_scale, m, l, alpha);
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
@@ -293,9 +306,12 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
   if (splits == 1) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
+      if (!qr.owns(g + 8 * r)) continue;  // a padding row
       const float inv = out_scale(l[r], o_scale, bad);
-      if (warp == 0 && t == 0) store_lse(p, seq.q_row, g + 8 * r, m[r], l[r], bad);
-      uint16_t* out = p.out + seq.q_row * p.out_stride_token + (g + 8 * r) * p.out_stride_head;
+      const int64_t tok = qr.token(g + 8 * r);
+      const int h = qr.head(g + 8 * r);
+      if (warp == 0 && t == 0) store_lse(p, tok, h, m[r], l[r], bad);
+      uint16_t* out = p.out + tok * p.out_stride_token + h * p.out_stride_head;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int d = warp * T::kVDimsPerWarp + 32 * i + 8 * t;
@@ -308,10 +324,9 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
       }
     }
   } else {
-    const int64_t slot = static_cast<int64_t>(b) * splits + split;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float* po = p.part_o + (slot * kHeads + g + 8 * r) * kVDim;
+      float* po = p.part_o + qr.part(g + 8 * r) * kVDim;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int d = warp * T::kVDimsPerWarp + 32 * i + 8 * t;
@@ -320,7 +335,7 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
             make_float4(o[i][0][2 * r + 1], o[i][1][2 * r + 1], o[i][2][2 * r + 1], o[i][3][2 * r + 1]);
       }
       if (warp == 0 && t == 0)
-        p.part_ml[slot * kHeads + g + 8 * r] = split_state(m[r], l[r], bad);
+        p.part_ml[qr.part(g + 8 * r)] = split_state(m[r], l[r], bad);
     }
   }
 }
@@ -342,11 +357,13 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
 
   const int warp = threadIdx.x / W, lane = threadIdx.x % W;
   const int g = lane >> 2, t = lane & 3;
-  const int b = blockIdx.y, split = blockIdx.x;
+  const BlockCoord bc = block_coord<Shape>(p);
+  const int split = bc.split;
   allow_dependent_launch();
   const int splits = Shape::splits(p);
 
-  const Sequence seq = Shape::sequence(p, b);
+  const Sequence seq = Shape::sequence(p, bc.b);
+  const QueryRows qr = query_rows<Shape>(p, bc, seq);  // rows g, g + 8 of this thread
   const float q_given = given_q_scale<T::kQ>(p);  // early: its round trip overlaps the q loads
   const SplitRange range = split_range(seq.len, split, splits, BN);
   const int ntiles = range.ntiles, tok_begin = range.tok_begin, tok_end = range.tok_end;
@@ -415,7 +432,7 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
     for (int r = 0; r < 2; ++r)
 #pragma unroll
       for (int hl = 0; hl < 2; ++hl)
-        q_raw[c][r][hl] = load_q4_raw<T::kQ>(p, seq.q_row, g + 8 * r,
+        q_raw[c][r][hl] = load_q4_raw<T::kQ>(p, qr.token(g + 8 * r), qr.head(g + 8 * r),
                                              (warp * T::kQkChunksPerWarp + c) * 16 + 8 * hl + 4 * (t >> 1));
   const QQuant qq = q_setup<T::kQ>(p, q_given);  // after the KV prologue and the q loads
   const float s_scale = qq.scale * p.sm_scale * kLog2e;  // log2 domain
@@ -441,13 +458,15 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
     __syncthreads();  // tile `it` landed for all; every warp is done with tile it-1
     if (it + ST - 1 < ntiles) issue_tile(it + ST - 1, (it + ST - 1) % ST);
     cp_async_commit();
-    const int valid = tok_end - (tok_begin + it * BN);
+    const int valid_rows = tok_end - (tok_begin + it * BN);  // the tile's rows
+    const int valid[2] = {min(tok_end, qr.key_end(g)) - (tok_begin + it * BN),
+                          min(tok_end, qr.key_end(g + 8)) - (tok_begin + it * BN)};  // rows g, g + 8's keys
     uint32_t tile = smem_kv + (it % ST) * T::kStageBytes;
     if constexpr (kMx) {
       const int tok0 = tok_begin + it * BN;
       mxfp4_stage_to_bf16<BN, T::kThreads>(smem + (it % ST) * T::kStageBytes,
                                            mx_scale_offset<BN>(rows, tok0, p.kv_scales_stride, page_bad),
-                                           p.kv_scales_stride, valid, dec, T::kRowBytes, threadIdx.x);
+                                           p.kv_scales_stride, valid_rows, dec, T::kRowBytes, threadIdx.x);
       __syncthreads();  // the bf16 tile is complete
       tile = smem_addr(dec);
     }
@@ -471,7 +490,7 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
     }
 
     float alpha[2];
-    softmax_tile<T>(s, red, warp, lane, valid, s_scale, m, l, alpha);
+    softmax_tile<T, Shape::kRowsEndEarly>(s, red, warp, lane, valid, s_scale, m, l, alpha);
 #pragma unroll
     for (int n = 0; n < 16; ++n) {
       o[n][0] *= alpha[0]; o[n][1] *= alpha[0];
@@ -504,33 +523,34 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
   if (splits == 1) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
+      if (!qr.owns(g + 8 * r)) continue;  // a padding row
       const float inv = out_scale(l[r], 1.f, bad);
-      if (warp == 0 && t == 0) store_lse(p, seq.q_row, g + 8 * r, m[r], l[r], bad);
-      uint16_t* out = p.out + seq.q_row * p.out_stride_token + (g + 8 * r) * p.out_stride_head +
-                      warp * T::kVDimsPerWarp + 2 * t;
+      const int64_t tok = qr.token(g + 8 * r);
+      const int h = qr.head(g + 8 * r);
+      if (warp == 0 && t == 0) store_lse(p, tok, h, m[r], l[r], bad);
+      uint16_t* out = p.out + tok * p.out_stride_token + h * p.out_stride_head + warp * T::kVDimsPerWarp + 2 * t;
 #pragma unroll
       for (int n = 0; n < 16; ++n)
         *reinterpret_cast<uint32_t*>(out + 8 * n) = pack_bf16x2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
     }
   } else {
-    const int64_t slot = static_cast<int64_t>(b) * splits + split;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float* po = p.part_o + (slot * kHeads + g + 8 * r) * kVDim + warp * T::kVDimsPerWarp + 2 * t;
+      float* po = p.part_o + qr.part(g + 8 * r) * kVDim + warp * T::kVDimsPerWarp + 2 * t;
 #pragma unroll
       for (int n = 0; n < 16; ++n) *reinterpret_cast<float2*>(po + 8 * n) = make_float2(o[n][2 * r], o[n][2 * r + 1]);
-      if (warp == 0 && t == 0) p.part_ml[slot * kHeads + g + 8 * r] = split_state(m[r], l[r], bad);
+      if (warp == 0 && t == 0) p.part_ml[qr.part(g + 8 * r)] = split_state(m[r], l[r], bad);
     }
   }
 }
 
-template <class T, class Shape>
-__global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm) mla_decode_kernel(const Params p) {
+template <class T, class Shape, int kWgs = 1>
+__global__ void __launch_bounds__(T::kThreads * kWgs, kWgs == 1 ? T::kMinBlocksPerSm : 1) mla_decode_kernel(const Params p) {
   extern __shared__ __align__(128) uint8_t smem[];
   if constexpr (T::kWide)
     decode_wide<T, Shape>(p, smem);
   else if constexpr (T::kWarpgroup)
-    decode_wgmma<T, Shape>(p, smem);
+    decode_wgmma<T, Shape, kWgs>(p, smem);
   else
     decode_fp8<T, Shape>(p, smem);
 }

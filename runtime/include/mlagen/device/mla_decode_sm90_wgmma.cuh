@@ -13,10 +13,16 @@
 //                     transposed with prmt; V is read from the same tile, no copy), B = P^T
 //                     split into hi / lo e4m3 the same way (P*256 = hi + lo/16).
 //
-// Block = one warpgroup (128 threads), tiles of 64 tokens, O^T = 8 m64 blocks (512 dims) in
-// registers; a kStages-deep cp.async ring, ~95 KB of shared memory with 2 stages, so two
-// blocks share an SM and one computes while the other waits (a single block of two
-// warpgroups in lockstep ran at half the speed: docs/perf.md).
+// Block = one warpgroup (128 threads) a 16-row group, tiles of 64 tokens, O^T = 8 m64 blocks
+// (512 dims) in registers; a kStages-deep cp.async ring, ~95 KB of shared memory with 2
+// stages, so two blocks share an SM and one computes while the other waits (a single block of
+// two warpgroups splitting one row group's work in lockstep ran at half the speed: docs/perf.md).
+// Two row groups of a sequence (32 query rows: 32+ heads, or 16 heads x 2+ tokens) take one
+// block of two warpgroups instead (kWgs = 2): each runs the one-warpgroup algorithm on its own
+// 16 rows (its own Q, P and reductions, its own barriers) over KV tiles that both issue half
+// of and share, so a KV tile crosses from L2 once for 32 rows, not twice (L2 bandwidth, not the
+// HBM stream, bounds many row groups: docs/perf.md v10); the block has the SM to itself, so
+// its ring is 4 stages deep.
 //
 // mxfp4 KV takes the same kernel: a ring of packed stages (288 bytes + 18 scales a token)
 // and one e4m3 tile that the block refills from the landed stage every tile (expand_tile:
@@ -38,9 +44,11 @@ namespace mlagen::device {
 constexpr int kTracePoints = 8;
 constexpr size_t kTraceOffset = size_t{32} << 20;
 
-template <int kStages_, KvFormat kKv_ = KvFormat::kFp8>
+template <int kStages_, KvFormat kKv_ = KvFormat::kFp8, int kWgs_ = 1>
 struct WgLayout {
   static constexpr bool kMx = kKv_ == KvFormat::kMxfp4;
+  static constexpr int kWgs = kWgs_;  // warpgroups a block, each its own 16 query rows
+  static_assert(kWgs == 1 || (kWgs == 2 && !kMx), "two warpgroups: fp8 KV only");
   static constexpr int kBlockN = 64;   // tokens a tile = the M of the S wgmma
   static constexpr int kStages = kStages_;
   static constexpr int kThreads = 128;  // one warpgroup
@@ -68,17 +76,19 @@ struct WgLayout {
   // Q hi / lo: 32 rows (16 hi, 16 lo) x 576 bytes; P^T hi / lo: 32 rows x 64 tokens.
   static constexpr int kQLbo = 128, kQSbo = kChunksPerRow * 128, kQBytes = 4 * kQSbo;
   static constexpr int kPLbo = 128, kPSbo = kBlockN / 16 * 128, kPBytes = 4 * kPSbo;
+  // then per warpgroup: its Q, P^T, reductions and column scales (kWgBytes apart)
   static constexpr int kQOffset = kTilesBytes;  // from the 1024-aligned base
   static constexpr int kPOffset = kQOffset + kQBytes;
   static constexpr int kRedOffset = kPOffset + kPBytes;               // [4 warps][16 heads] x2 floats
   static constexpr int kColOffset = kRedOffset + 2 * 4 * kHeads * 4;  // [16] column scales
+  static constexpr int kWgBytes = kColOffset + kHeads * 4 - kQOffset;
   // mxfp4: the tile's token powers of two, [64] as float exponents then [64] as factors;
   // [kMxLut] e4m3 tables of 8 bytes
-  static constexpr int kTokOffset = kColOffset + kHeads * 4;
+  static constexpr int kTokOffset = kQOffset + kWgs * kWgBytes;
   static constexpr int kMxLut = 20;  // block exponents -13..6 relative to the token's (below: zeros)
   static constexpr int kLutOffset = kTokOffset + (kMx ? 2 * kBlockN * 4 : 0);
   static constexpr int kSmemBytes = kLutOffset + (kMx ? kMxLut * 8 : 0) + kAlign;  // + room to align the base
-  static_assert(kPackedStageBytes % 16 == 0 && kQOffset % 16 == 0, "16-byte copies");
+  static_assert(kPackedStageBytes % 16 == 0 && kQOffset % 16 == 0 && kWgBytes % 16 == 0, "16-byte copies");
   static_assert(kCopiesPerThread * kThreads == kBlockN * kChunksPerRow, "whole copies a thread");
 
   MLAGEN_DEVICE static uint32_t kv_at(int token, int byte) {
@@ -105,10 +115,23 @@ MLAGEN_DEVICE void split_e4m3(float x0, float x1, uint32_t& hi, uint32_t& lo) {
   lo = pack_e4m3x2((x0 - hf.x) * 16.f, (x1 - hf.y) * 16.f);
 }
 
-template <class T, class Shape>
+// The ring depth of a block of kWgs warpgroups (one block an SM with two: 4 stages fit).
+__host__ __device__ constexpr int wg_stages(int stages, int wgs) { return wgs == 2 ? 4 : stages; }
+
+// A barrier for one warpgroup's 128 threads (named barrier 1 + wg), the block's with one.
+template <int kWgs>
+MLAGEN_DEVICE void wg_sync(int wg) {
+  if constexpr (kWgs == 1) {
+    __syncthreads();
+  } else {
+    asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
+  }
+}
+
+template <class T, class Shape, int kWgs = 1>
 MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   using namespace sm90;
-  using L = WgLayout<T::kStages, T::kKv>;
+  using L = WgLayout<wg_stages(T::kStages, kWgs), T::kKv, kWgs>;
   constexpr int BN = L::kBlockN, ST = L::kStages, W = 4;
   constexpr bool kMx = L::kMx;
   static_assert(MLAGEN_WARP_SIZE == 32, "wgmma fragments are defined for 32-lane warps");
@@ -116,19 +139,22 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   const uint32_t s_raw = smem_addr(smem);
   const uint32_t s_base = (s_raw + L::kAlign - 1) & ~static_cast<uint32_t>(L::kAlign - 1);
   smem += s_base - s_raw;
-  const uint32_t s_q = s_base + L::kQOffset, s_p = s_base + L::kPOffset;
-  float* red_max = reinterpret_cast<float*>(smem + L::kRedOffset);  // [warp][head]
+  const int wg = kWgs == 1 ? 0 : static_cast<int>(threadIdx.x) / L::kThreads;  // the warpgroup's row group
+  const uint32_t s_q = s_base + L::kQOffset + wg * L::kWgBytes, s_p = s_base + L::kPOffset + wg * L::kWgBytes;
+  float* red_max = reinterpret_cast<float*>(smem + L::kRedOffset + wg * L::kWgBytes);  // [warp][head]
   float* red_sum = red_max + W * kHeads;
-  float* col_scale = reinterpret_cast<float*>(smem + L::kColOffset);  // [head]: 1 / c
+  float* col_scale = reinterpret_cast<float*>(smem + L::kColOffset + wg * L::kWgBytes);  // [head]: 1 / c
   float* tok_pow = reinterpret_cast<float*>(smem + L::kTokOffset);    // mxfp4: [token] exponent g
   float* tok_mul = tok_pow + BN;                                        //        [token] 2^g
 
-  const int tid = threadIdx.x, w = tid / 32, lane = tid % 32;
+  const int tid = static_cast<int>(threadIdx.x) % L::kThreads, w = tid / 32, lane = tid % 32;  // in the warpgroup
   const int g = lane >> 2, t = lane & 3;
-  const int b = blockIdx.y, split = blockIdx.x;
+  const BlockCoord bc = block_coord<Shape, kWgs>(p, wg);
+  const int split = bc.split;
   allow_dependent_launch();
   const int splits = Shape::splits(p);
-  const Sequence seq = Shape::sequence(p, b);
+  const Sequence seq = Shape::sequence(p, bc.b);
+  const QueryRows qr = query_rows<Shape>(p, bc, seq);  // the 16 columns of S^T and O^T
   const float q_given = given_q_scale<T::kQ>(p);  // early: its round trip overlaps the q loads
   const SplitRange range = split_range(seq.len, split, splits, BN);
   const int ntiles = range.ntiles, tok_begin = range.tok_begin, tok_end = range.tok_end;
@@ -139,22 +165,24 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
                                                 kTracePoints * (static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x)
                                           : nullptr;
   auto mark = [&](int i) {
-    if (MLAGEN_WG_TRACE && tid == 0) trace[i] = global_timer_ns();
+    if (MLAGEN_WG_TRACE && threadIdx.x == 0) trace[i] = global_timer_ns();
   };
   mark(0);
 
   // Tile j of the split into ring slot j % ST, one commit group a tile (empty past the end,
   // so the group count stays uniform). A warp instruction copies whole runs of rows, in
   // global memory and in the swizzled tile alike: dims 0..511 as 4 rows x 128 bytes (lane l:
-  // row 16 (i / 4) + 4w + l / 8, 16-byte chunk l % 8 of atom i % 4), the rope dims as 8 rows
-  // x 64 bytes (row 32 i + 8w + l / 4, chunk l % 4). Every offset is a per-thread constant
-  // plus a compile-time one, so nothing per copy stays live across the loop.
+  // row 16 k + 4w + l / 8, 16-byte chunk l % 8 of atom i % 4), the rope dims as 8 rows x 64
+  // bytes (row 32 i + 8w + l / 4, chunk l % 4). Every offset is a per-thread constant plus a
+  // compile-time one, so nothing per copy stays live across the loop. With two warpgroups each
+  // copies half: row blocks k = 2 wg, 2 wg + 1 and rope block i = wg.
+  constexpr int kMainK = 4 / kWgs, kRopeK = 2 / kWgs;  // the thread's 16-row main / 32-row rope blocks
   const int r8 = 4 * (w % 2) + lane / 8, c8 = lane % 8;  // 128B part: row % 8, chunk
-  const uint32_t dst_main = (w / 2) * 1024 + r8 * 128 + ((c8 ^ r8) * 16);
-  const int row_main = 4 * w + lane / 8;
+  const uint32_t dst_main = (w / 2) * 1024 + r8 * 128 + ((c8 ^ r8) * 16) + kMainK * wg * 2048;
+  const int row_main = 4 * w + lane / 8 + 16 * kMainK * wg;
   const int rr = lane / 4, c4 = lane % 4;  // rope part: row % 8, chunk
-  const uint32_t dst_rope = L::kRopeOffset + w * 512 + rr * 64 + ((c4 ^ (rr / 2)) * 16);
-  const int row_rope = 8 * w + rr;
+  const uint32_t dst_rope = L::kRopeOffset + w * 512 + rr * 64 + ((c4 ^ (rr / 2)) * 16) + kRopeK * wg * 2048;
+  const int row_rope = 8 * w + rr + 32 * kRopeK * wg;
   // A whole tile (every tile but a split's last, short one) takes the fast path: per thread
   // one 64-bit base a tile, a 32-bit row step, immediates for the rest, no predicates (the
   // general path spent ~200 instructions a warp and tile on addresses, docs/perf.md v4).
@@ -167,6 +195,18 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   const uint32_t src_main = static_cast<uint32_t>(row_main * stride) + c8 * 16;  // < 2^31: rows < 64
   const uint32_t src_rope = static_cast<uint32_t>(row_rope * stride) + 512 + c4 * 16;
   const uint32_t step16 = static_cast<uint32_t>(16 * stride);
+  // The thread's rows of a tile from a row address each (null: past the end, zeros): main row
+  // blocks k < kMainK as 4 x 128 bytes, then the rope blocks as 64 bytes.
+  auto copy_rows = [&](uint32_t dst, const uint8_t* const (&src)[kMainK + kRopeK]) {
+#pragma unroll
+    for (int i = 0; i < 4 * kMainK; ++i)
+      cp_async_16(dst + dst_main + (i % 4) * L::kAtom128Bytes + (i / 4) * 2048,
+                  src[i / 4] ? src[i / 4] + (i % 4) * 128 + c8 * 16 : p.kv, src[i / 4] != nullptr);
+#pragma unroll
+    for (int i = 0; i < kRopeK; ++i)
+      cp_async_16(dst + dst_rope + i * 2048, src[kMainK + i] ? src[kMainK + i] + 512 + c4 * 16 : p.kv,
+                  src[kMainK + i] != nullptr);
+  };
   auto issue_tile = [&](int j) {
     if (kMx && j < ntiles) {  // packed rows (9 copies a thread) + the tile's scale window
       const int tok0 = tok_begin + j * BN;
@@ -204,48 +244,36 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
         if (j + 1 < ntiles) next_ids.load(rows, tok0 + BN, tok_end, lane);
       }
       if (paged_ids && !(rows_left >= BN && rows.template tile_contiguous<BN>())) {
-        // pages shorter than a tile (or a short last tile): six row addresses from the ids
-        const uint8_t* src[6];
+        // pages shorter than a tile (or a short last tile): the thread's row addresses from the ids
+        const uint8_t* src[kMainK + kRopeK];
 #pragma unroll
-        for (int k = 0; k < 6; ++k) {
-          const int row = k < 4 ? 16 * k + row_main : 32 * (k - 4) + row_rope;
+        for (int k = 0; k < kMainK + kRopeK; ++k) {
+          const int row = k < kMainK ? 16 * k + row_main : 32 * (k - kMainK) + row_rope;
           const int64_t r = ids.row(rows, tok0, row, page_bad);  // (every lane: a shuffle)
           src[k] = row < rows_left ? p.kv + r * stride : nullptr;
         }
-#pragma unroll
-        for (int i = 0; i < 16; ++i)
-          cp_async_16(dst + dst_main + (i % 4) * L::kAtom128Bytes + (i / 4) * 2048,
-                      src[i / 4] ? src[i / 4] + (i % 4) * 128 + c8 * 16 : p.kv, src[i / 4] != nullptr);
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-          cp_async_16(dst + dst_rope + i * 2048, src[4 + i] ? src[4 + i] + 512 + c4 * 16 : p.kv, src[4 + i] != nullptr);
+        copy_rows(dst, src);
       } else if (rows_left >= BN) {  // one run of rows: one base a tile
         const uint8_t* base = paged_ids ? p.kv + ids.row(rows, tok0, 0, page_bad) * stride : rows.ptr(tok0, page_bad);
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {  // rows 16 k + row_main
+        for (int k = 0; k < kMainK; ++k) {  // rows 16 k + row_main
           const uint8_t* src = base + (src_main + k * step16);
 #pragma unroll
           for (int a = 0; a < 4; ++a) cp_async_16_full(dst + dst_main + a * L::kAtom128Bytes + k * 2048, src + a * 128);
         }
 #pragma unroll
-        for (int i = 0; i < 2; ++i) cp_async_16_full(dst + dst_rope + i * 2048, base + (src_rope + 2 * i * step16));
+        for (int i = 0; i < kRopeK; ++i) cp_async_16_full(dst + dst_rope + i * 2048, base + (src_rope + 2 * i * step16));
       } else {  // a split's last, short tile: a row address each
-        // The thread's six rows first (rows 16 k + row_main, 32 i + row_rope), then the copies: any
+        // The thread's rows first (rows 16 k + row_main, 32 i + row_rope), then the copies: any
         // page-id loads go out together instead of one after another between the copies' asm
         // statements (which clobber memory).
-        const uint8_t* src[6];
+        const uint8_t* src[kMainK + kRopeK];
 #pragma unroll
-        for (int k = 0; k < 6; ++k) {
-          const int row = k < 4 ? 16 * k + row_main : 32 * (k - 4) + row_rope;
+        for (int k = 0; k < kMainK + kRopeK; ++k) {
+          const int row = k < kMainK ? 16 * k + row_main : 32 * (k - kMainK) + row_rope;
           src[k] = row < rows_left ? rows.ptr(tok0 + row, page_bad) : nullptr;
         }
-#pragma unroll
-        for (int i = 0; i < 16; ++i)
-          cp_async_16(dst + dst_main + (i % 4) * L::kAtom128Bytes + (i / 4) * 2048,
-                      src[i / 4] ? src[i / 4] + (i % 4) * 128 + c8 * 16 : p.kv, src[i / 4] != nullptr);
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-          cp_async_16(dst + dst_rope + i * 2048, src[4 + i] ? src[4 + i] + 512 + c4 * 16 : p.kv, src[4 + i] != nullptr);
+        copy_rows(dst, src);
       }
     }
     cp_async_commit();
@@ -254,7 +282,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   for (int j = 0; j < ST - 1; ++j) issue_tile(j);
   mark(1);
 
-  // ---- Q hi / lo, once: thread -> head tid / 8, 16-byte chunks 8 j + tid % 8 (j = 0..8) of
+  // ---- Q hi / lo, once: thread -> query row h = tid / 8, 16-byte chunks 8 j + tid % 8 (j = 0..8) of
   // its row, as two 4-value loads: the 8 lanes of a head read 128 contiguous bytes (a
   // thread-contiguous 72-dim run put every lane of a load in its own line, docs/perf.md v4)
   // (the loads go out before q_setup, which waits for the amax pre-pass of an fp8 q)
@@ -262,7 +290,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   auto dim_of = [&](int i) { return 8 * (8 * (i / 2) + part) + 4 * (i % 2); };  // value 4 i .. 4 i + 3
   uint2 q_raw[18];
 #pragma unroll
-  for (int i = 0; i < 18; ++i) q_raw[i] = load_q4_raw<T::kQ>(p, seq.q_row, h, dim_of(i));
+  for (int i = 0; i < 18; ++i) q_raw[i] = load_q4_raw<T::kQ>(p, qr.token(h), qr.head(h), dim_of(i));
   const QQuant qq = q_setup<T::kQ>(p, q_given);
   {
     float4 v[18];
@@ -299,14 +327,16 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   __syncthreads();
   mark(2);
 
-  // This thread's heads (columns of S^T and O^T): slot k -> head 8 (k / 2) + 2t + k % 2.
+  // This thread's query rows (columns of S^T and O^T): slot k -> row 8 (k / 2) + 2t + k % 2
+  // of the block's 16 (`head[k]`: the block's rows are 16 heads of one token at q_len 1).
   const float s_scale = kv_scale * qq.scale * p.sm_scale * kLog2e;  // log2 domain
-  int head[4];
+  int head[4], key_end[4];
   float cs_hi[4];  // the lo column's factor is cs_hi / 16
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     head[k] = 8 * (k / 2) + 2 * t + (k % 2);
     cs_hi[k] = col_scale[head[k]] * s_scale;
+    key_end[k] = min(tok_end, qr.key_end(head[k]));  // causal: the row's last key + 1
   }
 
   float o[8][16];  // O^T of m64 block mb (see the epilogue for its dims); columns hi | lo
@@ -442,7 +472,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
     if (it == 0) mark(4);
 
     // ---- softmax: the per-head tile maxima meet in shared memory ---------------------------
-    const int valid = tok_end - (tok_begin + it * BN);
+    const int tok0 = tok_begin + it * BN;
     // sv: S (log2 domain); se: the exponent P is taken of, S + g for mxfp4 (P x 2^g meets
     // the tile's V / 2^g), S otherwise
     float sv[2][4], se[2][4], mx[4];
@@ -453,7 +483,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
       for (int r = 0; r < 2; ++r) {
         float x = s[4 * jh + 2 * r + e] * cs_hi[k] + s[4 * (jh + 2) + 2 * r + e] * (cs_hi[k] * 0.0625f);
         if constexpr (kMx) x *= tmul[r];
-        sv[r][k] = row0 + 8 * r < valid ? x : -INFINITY;
+        sv[r][k] = tok0 + row0 + 8 * r < key_end[k] ? x : -INFINITY;
         se[r][k] = kMx ? sv[r][k] + tpow[r] : sv[r][k];
       }
       mx[k] = fmaxf(se[0][k], se[1][k]);
@@ -463,7 +493,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
     if (g == 0)
 #pragma unroll
       for (int k = 0; k < 4; ++k) red_max[w * kHeads + head[k]] = mx[k];
-    __syncthreads();
+    wg_sync<kWgs>(wg);
     float alpha[4];
     bool rescale = false;
 #pragma unroll
@@ -471,15 +501,16 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
       float tm = red_max[head[k]];
 #pragma unroll
       for (int ww = 1; ww < W; ++ww) tm = fmaxf(tm, red_max[ww * kHeads + head[k]]);
-      alpha[k] = online_max_update(m[k], tm);
+      alpha[k] = online_step<Shape::kRowsEndEarly>(m[k], tm);
       rescale |= alpha[k] != 1.f;
     }
     // P = 2^(S - m), x256 (p in [2^-14, 1] stays a normal e4m3), as hi / lo columns of P^T
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      const float p0 = fast_exp2(se[0][k] - m[k]), p1 = fast_exp2(se[1][k] - m[k]);
+      const float mb = step_base<Shape::kRowsEndEarly>(m[k]);  // (a row with no key yet: P = 0)
+      const float p0 = fast_exp2(se[0][k] - mb), p1 = fast_exp2(se[1][k] - mb);
       // l sums 2^(S - m); for mxfp4 that is P / 2^g (up to 2^64: g >= -64)
-      l[k] = l[k] * alpha[k] + (kMx ? fast_exp2(sv[0][k] - m[k]) + fast_exp2(sv[1][k] - m[k]) : p0 + p1);
+      l[k] = l[k] * alpha[k] + (kMx ? fast_exp2(sv[0][k] - mb) + fast_exp2(sv[1][k] - mb) : p0 + p1);
       uint32_t hi, lo;
       split_e4m3(p0 * 256.f, p1 * 256.f, hi, lo);
       sts8(s_p + L::p_at(head[k], row0), hi & 0xffu);
@@ -495,7 +526,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
     uint32_t a0[8][4];  // V^T fragments of the first 32 tokens (S is dead: registers)
     v_frags(tile, 0, a0);
     fence_proxy_async_smem();
-    __syncthreads();  // P complete
+    wg_sync<kWgs>(wg);  // P complete
 
     // ---- O^T += V^T P^T: 2 k-steps of 32 tokens x 8 m64 blocks --------------------------
 #pragma unroll
@@ -530,7 +561,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   if (g == 0)
 #pragma unroll
     for (int k = 0; k < 4; ++k) red_sum[w * kHeads + head[k]] = l[k];
-  __syncthreads();
+  wg_sync<kWgs>(wg);
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     float sum = 0.f;
@@ -542,10 +573,12 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   // O[head][dim]: head slot k, m64 block mb, row r -> dim 128 (mb / 2) + 32 w + 4 g + 2 (mb % 2)
   // + r: four consecutive dims per (k, mb / 2). Columns: hi + lo / 16, / 256.
   const float o_unit = 1.f / 256.f;
-  const int64_t slot = static_cast<int64_t>(b) * splits + split;
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     const int jh = k / 2, e = k % 2;
+    const bool owns = qr.owns(head[k]);  // else a padding row: nothing is written
+    const int64_t tok = qr.token(head[k]);
+    const int hh = qr.head(head[k]);
     const float inv = splits == 1 ? out_scale(l[k], kv_scale, bad) * o_unit : o_unit;
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
@@ -557,16 +590,16 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
       }
       const int dim0 = 128 * q + 32 * w + 4 * g;
       if (splits == 1) {
-        uint16_t* out = p.out + seq.q_row * p.out_stride_token + head[k] * p.out_stride_head + dim0;
-        *reinterpret_cast<uint2*>(out) = make_uint2(pack_bf16x2(ov[0], ov[1]), pack_bf16x2(ov[2], ov[3]));
+        uint16_t* out = p.out + tok * p.out_stride_token + hh * p.out_stride_head + dim0;
+        if (owns) *reinterpret_cast<uint2*>(out) = make_uint2(pack_bf16x2(ov[0], ov[1]), pack_bf16x2(ov[2], ov[3]));
       } else {
-        float* po = p.part_o + (slot * kHeads + head[k]) * kVDim + dim0;
+        float* po = p.part_o + qr.part(head[k]) * kVDim + dim0;
         *reinterpret_cast<float4*>(po) = make_float4(ov[0], ov[1], ov[2], ov[3]);
       }
     }
     if (w == 0 && g == 0) {
-      if (splits > 1) p.part_ml[slot * kHeads + head[k]] = split_state(m[k], l[k], bad);
-      else store_lse(p, seq.q_row, head[k], m[k], l[k], bad);
+      if (splits > 1) p.part_ml[qr.part(head[k])] = split_state(m[k], l[k], bad);
+      else if (owns) store_lse(p, tok, hh, m[k], l[k], bad);
     }
   }
   mark(7);

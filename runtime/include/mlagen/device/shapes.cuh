@@ -10,13 +10,13 @@
 
 namespace mlagen::device {
 
-constexpr int kHeads = 16;
+constexpr int kHeads = 16;  // query rows a block owns (QueryRows::kRows); a problem has 8..128 heads
 constexpr int kQkDim = 576;
 constexpr int kVDim = 512;
 
 // Kernel parameters, passed by value. q / out strides are in elements, kv strides in bytes.
 struct Params {
-  const void* q;            // [total_q, 16, 576]: bf16, or fp8 (the arch's flavour) with q_scale
+  const void* q;            // [total_q, num_heads, 576]: bf16, or fp8 (the arch's flavour) with q_scale
   int64_t q_stride_token, q_stride_head;
   const float* q_scale;     // fp8 q given quantized: one float32 on the device (dequant = q * scale)
   float* q_amax;            // fp8 q quantized here from bf16 q: per-block |q| maxima of q_amax_kernel
@@ -28,13 +28,13 @@ struct Params {
   int64_t kv_scales_stride; // bytes between the scale rows of two tokens (18..32)
   const int32_t* qo_indptr;
   const int32_t* kv_indptr;
-  uint16_t* out;            // bf16 [total_q, 16, 512]
+  uint16_t* out;            // bf16 [total_q, num_heads, 512]
   int64_t out_stride_token, out_stride_head;
-  float* part_o;            // [batch, splits, 16, 512] unnormalized split outputs
-  float2* part_ml;          // [batch, splits, 16] (running max, running sum)
+  float* part_o;            // [batch, splits, row_groups, 16, 512] unnormalized split outputs
+  float2* part_ml;          // [batch, splits, row_groups, 16] (running max, running sum)
   uint32_t* errors;         // device error word (MLAGEN_DEVERR_*)
-  uint32_t* split_counters; // [batch] split arrivals (kernels that merge their own splits); zero between calls
-  float* lse;               // null, or float32 [total_q, 16] at lse_stride_token: ln sum_j exp(sm_scale q.k_j)
+  uint32_t* split_counters; // [batch, row_groups] split arrivals (kernels that merge their own splits); zero between calls
+  float* lse;               // null, or float32 [total_q, num_heads] at lse_stride_token: ln sum_j exp(sm_scale q.k_j)
   int64_t lse_stride_token;
   // Paged KV (kv_rows.cuh): null page_table = contiguous rows at kv_indptr. Otherwise kv holds
   // num_pages pages of 2^page_shift rows, and sequence b's page list is either row b of a block
@@ -51,6 +51,9 @@ struct Params {
   const int32_t* page_indptr;
   const int32_t* last_page_len;
   int32_t batch, splits;
+  int32_t num_heads;        // 8..128
+  int32_t q_len;            // query tokens a sequence (the generic kernel: at most, 1..4)
+  int32_t row_groups;       // blocks of 16 query rows a sequence: ceil(q_len * num_heads / 16)
   int64_t total_q, total_kv;
   float sm_scale;
 };
@@ -58,7 +61,8 @@ struct Params {
 struct Sequence {
   int64_t kv_begin;      // contiguous: first KV row
   int len;               // KV rows
-  int64_t q_row;         // row of q / out
+  int64_t q_row;         // first row (token) of q / out
+  int q_len;             // query tokens (1 when flagged)
   bool bad;              // indptr / page list disagreed: output NaN
   const int32_t* pages;  // paged: the sequence's page list (null: contiguous rows)
 };
@@ -119,16 +123,44 @@ MLAGEN_DEVICE PageList page_list(const Params& p, int b) {
   return PageList{p.page_table + static_cast<int64_t>(b) * p.page_table_stride, bad ? 0 : static_cast<int>(len), bad};
 }
 
+// A sequence's query tokens from qo_indptr: q_len of them exactly (kUniform: a specialized
+// kernel), or 1..q_len (the generic kernel). Flagged when they disagree. A specialized kernel
+// reads rows b * q_len .. + q_len - 1 whatever qo_indptr says (the runtime checked total_q), so
+// no address waits on the indptr load (a flagged sequence's own rows become NaN); the generic
+// kernel reads qo_indptr's rows, or one row inside total_q when flagged.
+struct QueryTokens {
+  int64_t row;
+  int n;
+  bool bad;
+};
+template <bool kUniform>
+MLAGEN_DEVICE QueryTokens read_query(const Params& p, int b, int q_len) {
+  const int32_t qb = p.qo_indptr[b], qe = p.qo_indptr[b + 1];
+  const int n = qe - qb;
+  if constexpr (kUniform) {
+    const int64_t row = static_cast<int64_t>(b) * q_len;
+    return QueryTokens{row, q_len, qb != row || n != q_len};
+  }
+  const bool bad = n < 1 || n > q_len || qb < 0 || qe > p.total_q;
+  if (bad) return QueryTokens{qb >= 0 && qb < p.total_q ? qb : 0, 1, true};
+  return QueryTokens{qb, n, false};
+}
+// The tokens without the check (the combine: the decode grid flagged what was wrong): a
+// specialized kernel's rows need no load at all.
+template <bool kUniform>
+MLAGEN_DEVICE QueryTokens query_rows_of(const Params& p, int b, int q_len) {
+  if constexpr (kUniform) return QueryTokens{static_cast<int64_t>(b) * q_len, q_len, false};
+  return read_query<false>(p, b, q_len);
+}
+
 // What a sequence's q / kv indptr entries say; flagged (error word + NaN output) when they
 // disagree with the sizes. kKvLen > 0: the uniform length of a specialized kernel; kPage:
 // kv_rows.cuh's page policy (0 contiguous).
 template <int kKvLen, int kPage>
-MLAGEN_DEVICE Sequence read_sequence(const Params& p, int b) {
-  const int32_t qb = p.qo_indptr[b], qe = p.qo_indptr[b + 1];
-  const bool bad_q = kKvLen > 0 ? (qb != b || qe != b + 1) : (qe - qb != 1 || qb < 0 || qb >= p.total_q);
-  const int64_t q_row = bad_q ? (qb >= 0 && qb < p.total_q ? qb : 0) : qb;
-  Sequence s{0, 0, q_row, bad_q, nullptr};
-  uint32_t err = bad_q ? kDevErrQoIndptr : 0u;
+MLAGEN_DEVICE Sequence read_sequence(const Params& p, int b, int q_len) {
+  const QueryTokens qt = read_query<(kKvLen > 0)>(p, b, q_len);
+  Sequence s{0, 0, qt.row, qt.n, qt.bad, nullptr};
+  uint32_t err = qt.bad ? kDevErrQoIndptr : 0u;
   if (kPage > 0 || (kPage < 0 && p.page_table)) {
     const PageList pl = page_list(p, b);
     const bool bad_len = pl.bad || (kKvLen > 0 && pl.len != kKvLen);
@@ -156,15 +188,47 @@ MLAGEN_DEVICE Sequence read_sequence(const Params& p, int b) {
   return s;
 }
 
-// A generated specialization: every sequence has kKvLen tokens, one query row each; KV rows
-// contiguous (kPage 0) or in pages of kPage rows.
-template <int kBatch, int kKvLen, int kSplits, int kPage_ = 0>
+// Which query rows a block owns. A sequence's rows are its n query tokens x H heads, row
+// r = token r / H, head r % H (heads fastest: FlashMLA's q_seq_per_hk axis); the block of row
+// group `group` owns rows 16 group .. + 15 (kRows: the M of the mma.sync bodies' MMAs, the N of
+// the warpgroup body's). Rows past n * H (8 heads, one token) are padding: computed as a copy
+// of the last row, never written. Causal among the tokens of a sequence: token i of n sees
+// the first len - n + 1 + i keys (key_end).
+struct QueryRows {
+  static constexpr int kRows = kHeads;
+  int64_t q_row0;  // the sequence's first token row
+  int base, nrows, heads, key_base;
+  int64_t part0;   // the block's first row of part_o / part_ml
+  MLAGEN_DEVICE int row(int j) const { return min(base + j, nrows - 1); }
+  MLAGEN_DEVICE bool owns(int j) const { return base + j < nrows; }
+  MLAGEN_DEVICE int64_t token(int j) const { return q_row0 + row(j) / heads; }
+  MLAGEN_DEVICE int head(int j) const { return row(j) % heads; }
+  MLAGEN_DEVICE int key_end(int j) const { return key_base + row(j) / heads; }
+  MLAGEN_DEVICE int64_t part(int j) const { return part0 + j; }
+};
+// A block's place in the grid: x = split * row_groups + group (a sequence's row groups are
+// neighbours, so they stream the same KV tiles at about the same time: L2 serves all but the
+// first), y = sequence.
+struct BlockCoord {
+  int b, split, group;
+};
+
+// A generated specialization: every sequence has kKvLen KV rows and kQLen query tokens of
+// kNumHeads heads; KV rows contiguous (kPage 0) or in pages of kPage rows.
+template <int kBatch, int kKvLen, int kSplits, int kPage_ = 0, int kNumHeads = 16, int kQLen = 1>
 struct StaticShape {
   static constexpr bool kGeneric = false;
   static constexpr int kPage = kPage_;
+  static constexpr int kGroups = (kNumHeads * kQLen + kHeads - 1) / kHeads;
+  // whether a row can have seen no key after a tile of its split (causal rows: q_len > 1); one
+  // query token sees every key of every tile, so its running max is finite after the first
+  static constexpr bool kRowsEndEarly = kQLen > 1;
   MLAGEN_DEVICE static int splits(const Params&) { return kSplits; }
-  MLAGEN_DEVICE static int64_t q_row(const Params&, int b) { return b; }
-  MLAGEN_DEVICE static Sequence sequence(const Params& p, int b) { return read_sequence<kKvLen, kPage>(p, b); }
+  MLAGEN_DEVICE static int heads(const Params&) { return kNumHeads; }
+  MLAGEN_DEVICE static int q_len(const Params&) { return kQLen; }
+  MLAGEN_DEVICE static int row_groups(const Params&) { return kGroups; }
+  MLAGEN_DEVICE static QueryTokens query(const Params& p, int b) { return query_rows_of<true>(p, b, kQLen); }
+  MLAGEN_DEVICE static Sequence sequence(const Params& p, int b) { return read_sequence<kKvLen, kPage>(p, b, kQLen); }
 };
 
 // The generic kernel: lengths from kv_indptr (or the page lists), any batch, splits chosen by
@@ -172,12 +236,35 @@ struct StaticShape {
 struct DynamicShape {
   static constexpr bool kGeneric = true;
   static constexpr int kPage = -1;  // kv_rows.cuh kPageRuntime
+  static constexpr int kGroups = 0;  // row groups a sequence: at run time (Params::row_groups)
+  static constexpr bool kRowsEndEarly = true;
   MLAGEN_DEVICE static int splits(const Params& p) { return p.splits; }
-  MLAGEN_DEVICE static int64_t q_row(const Params& p, int b) {
-    const int32_t qb = p.qo_indptr[b];
-    return (qb >= 0 && qb < p.total_q) ? qb : 0;
-  }
-  MLAGEN_DEVICE static Sequence sequence(const Params& p, int b) { return read_sequence<0, kPage>(p, b); }
+  MLAGEN_DEVICE static int heads(const Params& p) { return p.num_heads; }
+  MLAGEN_DEVICE static int q_len(const Params& p) { return p.q_len; }
+  MLAGEN_DEVICE static int row_groups(const Params& p) { return p.row_groups; }
+  MLAGEN_DEVICE static QueryTokens query(const Params& p, int b) { return query_rows_of<false>(p, b, p.q_len); }
+  MLAGEN_DEVICE static Sequence sequence(const Params& p, int b) { return read_sequence<0, kPage>(p, b, p.q_len); }
 };
+
+// The block's coordinates, and its query rows (of sequence seq, whose tokens the caller read).
+// kWgs > 1: a block of kWgs warpgroups takes kWgs consecutive row groups (the runtime launches
+// it only when they divide the sequence's), warpgroup wg the wg-th.
+template <class Shape, int kWgs = 1>
+MLAGEN_DEVICE BlockCoord block_coord(const Params& p, int wg = 0) {
+  const int blocks = Shape::row_groups(p) / kWgs;  // a split's blocks of one sequence
+  const int x = static_cast<int>(blockIdx.x);
+  return BlockCoord{static_cast<int>(blockIdx.y), x / blocks, kWgs * (x % blocks) + wg};
+}
+template <class Shape>
+MLAGEN_DEVICE QueryRows query_rows(const Params& p, const BlockCoord& c, int64_t q_row0, int q_n, int kv_len) {
+  const int heads = Shape::heads(p), groups = Shape::row_groups(p);
+  const int64_t slot = static_cast<int64_t>(c.b) * Shape::splits(p) + c.split;
+  return QueryRows{q_row0, kHeads * c.group, q_n * heads, heads, kv_len - q_n + 1,
+                   (slot * groups + c.group) * kHeads};
+}
+template <class Shape>
+MLAGEN_DEVICE QueryRows query_rows(const Params& p, const BlockCoord& c, const Sequence& seq) {
+  return query_rows<Shape>(p, c, seq.q_row, seq.q_len, seq.len);
+}
 
 }  // namespace mlagen::device

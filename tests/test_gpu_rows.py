@@ -1,0 +1,263 @@
+"""Query rows on the GPU: 8..128 heads and 1..4 query tokens a sequence, causal among them.
+
+A sequence's rows are its n query tokens x H heads (row r = token r // H, head r % H); token
+i of n sees the sequence's first len - n + 1 + i KV rows (a row that sees none: zeros, LSE
+-inf). Every head count x q_len x format is judged per (token, head) row against float32 on
+the values the kernel reads and float64 on the bf16 KV; the causal mask is checked exactly on
+small-integer inputs where a key past a row's end would change its output; the specialized
+kernels (name tags _h128, _ql2, ...) are checked against the generic kernel; qo_indptr with
+fewer tokens than q_len takes the generic kernel; bad q_len / heads are refused naming the
+field.
+"""
+import math
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="GPU tests need torch")
+
+import mlagen  # noqa: E402
+from mlagen import quant  # noqa: E402
+
+from reference import SM_SCALE, E2M1_GRID, quantize_fp8, rel_l2  # noqa: E402
+from tolerances import TOLERANCES  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+QK, DV = 576, 512
+FORMATS = ("fp8", "bf16", "mxfp4")
+HEADS = (8, 16, 32, 64, 128)
+
+
+def fresh_seed():
+    return random.SystemRandom().randrange(1 << 31)
+
+
+def qo_of(q_lens):
+    ip = [0]
+    for n in q_lens:
+        ip.append(ip[-1] + n)
+    return torch.tensor(ip, dtype=torch.int32, device="cuda")
+
+
+def causal_reference(q, kv, q_lens, kv_lens, dtype):
+    """out (total_q, H, 512), lse (total_q, H) in `dtype`; kv (total_kv, 576) the values read."""
+    total_q, heads = q.shape[0], q.shape[1]
+    out = torch.zeros((total_q, heads, DV), dtype=dtype, device=q.device)
+    lse = torch.full((total_q, heads), -math.inf, dtype=dtype, device=q.device)
+    qs = ks = 0
+    for n, L in zip(q_lens, kv_lens):
+        k = kv[ks:ks + L].to(dtype)
+        for i in range(n):
+            end = max(0, min(L, L - n + 1 + i))
+            if end:
+                s = q[qs + i].to(dtype) @ k[:end].T * SM_SCALE  # (H, end)
+                out[qs + i] = torch.softmax(s, -1) @ k[:end, :DV]
+                lse[qs + i] = torch.logsumexp(s, -1)
+        qs += n
+        ks += L
+    return out, lse
+
+
+class Rows:
+    """Random q (total_q, H, 576) and KV in every format from one bf16 KV."""
+
+    def __init__(self, heads, q_lens, kv_lens, seed):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        self.heads, self.q_lens, self.kv_lens, self.batch = heads, list(q_lens), list(kv_lens), len(q_lens)
+        total_kv = sum(kv_lens)
+        kv = torch.randn((max(1, total_kv), 1, QK), generator=g, device="cuda").to(torch.bfloat16)[:total_kv]
+        self.q = torch.randn((sum(q_lens), heads, QK), generator=g, device="cuda").to(torch.bfloat16)
+        fp8, scale = quantize_fp8(kv)
+        mx, mxs = quant.quantize_mxfp4(kv)
+        self.kv = {"bf16": kv, "fp8": (fp8, scale), "mxfp4": (mx, mxs)}
+        self.qo_indptr = qo_of(q_lens)
+        self.kv_indptr = qo_of(kv_lens)
+        uniform = len(set(kv_lens)) == 1
+        self.q_len = max(q_lens)
+        self.config = dict(batch_size=self.batch, sm_scale=SM_SCALE, num_heads=heads,
+                           kv_seq_len=kv_lens[0] if uniform else None)
+
+    def seen(self, fmt):
+        if fmt == "fp8":
+            fp8, s = self.kv["fp8"]
+            return (fp8.float() * s).reshape(-1, QK)
+        if fmt == "bf16":
+            return self.kv["bf16"].float().reshape(-1, QK)
+        d, s = self.kv["mxfp4"]
+        return quant.dequantize_mxfp4(d, s, QK).reshape(-1, QK)
+
+    def run(self, fmt, lse=False, **kw):
+        out = torch.full((self.q.shape[0], self.heads, DV), float("nan"), dtype=torch.bfloat16, device="cuda")
+        res = mlagen.decode(self.q, self.kv, self.qo_indptr, self.kv_indptr, self.config, kv_format=fmt, out=out,
+                            q_len=self.q_len, return_lse=lse, **kw)
+        torch.cuda.synchronize()
+        return res
+
+
+def check(rows, out, fmt, seed, lse=None):
+    path = "fp8e4m3fn" if fmt == "fp8" else fmt
+    ref32, lse32 = causal_reference(rows.q, rows.seen(fmt), rows.q_lens, rows.kv_lens, torch.float32)
+    ref64, _ = causal_reference(rows.q, rows.kv["bf16"].reshape(-1, QK), rows.q_lens, rows.kv_lens, torch.float64)
+    tol32 = TOLERANCES[(path, "same_inputs")]["rel_l2"]
+    tol64 = TOLERANCES[(path, "bf16_inputs")]["rel_l2"]
+    assert not out.isnan().any(), f"seed {seed}: NaN in the output (a row left unwritten?)"
+    empty = ref32.abs().amax(-1) == 0
+    assert (out[empty] == 0).all(), f"seed {seed}: rows that see no key must be zeros"
+    for r in range(out.shape[0]):
+        for h in range(rows.heads):
+            if empty[r, h]:
+                continue
+            e32, e64 = rel_l2(out[r, h], ref32[r, h]), rel_l2(out[r, h], ref64[r, h])
+            assert e32 <= 4 * tol32, f"seed {seed} {fmt} row {r} head {h}: rel_l2 {e32:.2e} vs fp32"
+            assert e64 <= 4 * tol64, f"seed {seed} {fmt} row {r} head {h}: rel_l2 {e64:.2e} vs fp64"
+    if lse is not None:
+        lse64 = causal_reference(rows.q.double(), rows.seen(fmt).double(), rows.q_lens, rows.kv_lens, torch.float64)[1]
+        fin = torch.isfinite(lse64)
+        assert (lse[~fin] == -math.inf).all(), f"seed {seed}: LSE of rows with no key must be -inf"
+        assert (lse[fin].double() - lse64[fin]).abs().max().item() < 2e-2, f"seed {seed}: LSE off"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("q_len", [1, 2, 3, 4])
+@pytest.mark.parametrize("heads", HEADS)
+def test_rows_match_float64(heads, q_len, fmt):
+    """Lengths around tile edges (64k + 1: a last tile some tokens cannot see), one shorter than
+    q_len (tokens that see nothing), one long enough for several splits."""
+    seed = fresh_seed()
+    kv_lens = [1300, 65, 2, 129][: 4 if heads <= 32 else 3]
+    rows = Rows(heads, [q_len] * len(kv_lens), kv_lens, seed)
+    out, lse = rows.run(fmt, lse=True)
+    check(rows, out, fmt, seed, lse)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("splits", [1, 5])
+@pytest.mark.parametrize("heads,q_len", [(8, 1), (8, 3), (128, 2), (32, 4)])
+def test_rows_splits(heads, q_len, splits, fmt):
+    """Forced splits: a causal row can see no key in a whole split (the last one here)."""
+    seed = fresh_seed()
+    rows = Rows(heads, [q_len] * 2, [577, 260], seed)
+    out, lse = rows.run(fmt, lse=True, force_generic=True, splits=splits)
+    check(rows, out, fmt, seed, lse)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_non_uniform_query_lengths(fmt):
+    seed = fresh_seed()
+    rows = Rows(16, [1, 3, 2, 4], [700, 64, 3000, 5], seed)
+    out, lse = rows.run(fmt, lse=True)
+    assert mlagen.last_kernel()["generic"]
+    check(rows, out, fmt, seed, lse)
+
+
+def exact_causal_inputs(heads, q_len, kv_lens, seed, grid):
+    """Row (token i, head h) scores 0 on exactly 8 keys it may see and on every key it may not,
+    -64 * big / 24 elsewhere (exp underflows to 0): its output is the mean of those 8 V rows,
+    exact in every format, and a key past its end would change it."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    batch, total = len(kv_lens), sum(kv_lens)
+    if grid == "int":
+        kv = torch.randint(-8, 9, (total, QK), generator=g, device="cuda").float()
+        big = 448.0
+    else:
+        vals = torch.tensor(E2M1_GRID, device="cuda")
+        kv = vals[torch.randint(0, len(E2M1_GRID), (total, QK), generator=g, device="cuda")]
+        kv = kv * (torch.randint(0, 2, kv.shape, generator=g, device="cuda").float() * 2 - 1)
+        big = 384.0
+    kv[:, 512:] = -big  # every score -64 * big unless set to 0 below
+    q = torch.zeros((batch * q_len, heads, QK), device="cuda")
+    expect = torch.empty((batch * q_len, heads, DV), device="cuda")
+    start, picks_of = 0, {}
+    for b, L in enumerate(kv_lens):
+        for i in range(q_len):
+            end = L - q_len + 1 + i
+            assert end >= 8
+            for h in range(heads):
+                d = 512 + 16 * i + h % 16  # the row's own rope dim (heads h, h + 16, ... share it)
+                q[b * q_len + i, h, d] = 64.0
+                if h < 16:
+                    pick = torch.randperm(end, generator=g, device="cuda")[:8] + start
+                    kv[pick, d] = 0.0
+                    kv[start + end:start + L, d] = 0.0  # keys past the row's end: a wrong mask sees them
+                    picks_of[(b, i, h)] = pick
+                else:
+                    picks_of[(b, i, h)] = picks_of[(b, i, h % 16)]
+        start += L
+    for (b, i, h), pick in picks_of.items():
+        expect[b * q_len + i, h] = kv[pick, :DV].mean(0)
+    return q.to(torch.bfloat16), kv.reshape(total, 1, QK), expect.to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("heads,q_len", [(16, 4), (128, 2), (8, 3), (64, 4)])
+def test_causal_mask_exact(heads, q_len, fmt):
+    seed = fresh_seed()
+    kv_lens = [129, 64, 1000, 13]
+    q, kv, expect = exact_causal_inputs(heads, q_len, kv_lens, seed, "int" if fmt != "mxfp4" else "e2m1")
+    if fmt == "bf16":
+        kv_data = kv.to(torch.bfloat16)
+    elif fmt == "fp8":
+        kv_data = (kv.to(torch.float8_e4m3fn), torch.ones(1, device="cuda"))
+    else:
+        kv_data = quant.quantize_mxfp4(kv.to(torch.bfloat16))
+        assert torch.equal(quant.dequantize_mxfp4(*kv_data, QK).reshape(kv.shape), kv), "e2m1 grid not exact"
+    config = dict(batch_size=len(kv_lens), sm_scale=SM_SCALE, num_heads=heads)
+    for splits in (0, 3):
+        out = torch.full(expect.shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+        mlagen.decode(q, {fmt: kv_data}, qo_of([q_len] * len(kv_lens)), qo_of(kv_lens), config, kv_format=fmt,
+                      out=out, q_len=q_len, splits=splits, force_generic=splits > 0)
+        torch.cuda.synchronize()
+        bad = (out.float() != expect.float()).any(-1).nonzero().tolist()
+        assert not bad, f"seed {seed} {fmt} splits {splits}: (row, head) not exact: {bad[:8]}"
+
+
+DTYPE_FMT = {"fp8e4m3fn": "fp8", "bf16": "bf16", "mxfp4": "mxfp4"}
+
+
+@pytest.mark.parametrize("tag", ["h128", "h64", "h32", "ql2", "ql4"])
+def test_specialized_row_kernels_match_generic(tag):
+    """Every specialized kernel with the tag: selected for its key, and the same as the generic
+    kernel on the same inputs (and float64 on two of its sequences)."""
+    specs = [k for k in mlagen.kernels() if k["role"] == "specialized" and tag in k["name"].split("_")]
+    assert specs, f"no specialized kernel tagged _{tag} in this build"
+    heads = int(tag[1:]) if tag.startswith("h") else 16
+    q_len = int(tag[2:]) if tag.startswith("ql") else 1
+    for spec in specs:
+        seed = fresh_seed()
+        rows = Rows(heads, [q_len] * spec["batch"], [spec["kv_len"]] * spec["batch"], seed)
+        fmt = DTYPE_FMT[spec["kv_dtype"]]
+        kw = dict(q_dtype="fp8") if spec["q_dtype"] == "fp8" else {}
+        out = rows.run(fmt, **kw)
+        assert mlagen.last_kernel()["name"] == spec["name"], f"{mlagen.last_kernel()['name']} ran, not {spec['name']}"
+        gen = rows.run(fmt, force_generic=True, **kw)
+        assert mlagen.last_kernel()["generic"]
+        err = rel_l2(out, gen)
+        assert err < 5e-3, f"seed {seed} {spec['name']}: rel_l2 vs the generic kernel {err:.2e}"
+        if not kw:  # float64 on two sequences of the same length through the generic kernel
+            sub = Rows(heads, [q_len] * 2, [spec["kv_len"]] * 2, seed)
+            check(sub, sub.run(fmt, force_generic=True), fmt, seed)
+
+
+def test_bad_rows_are_refused_naming_the_field():
+    rows = Rows(16, [2, 2], [100, 100], 1)
+    with pytest.raises(mlagen.MlagenError, match="q_len"):
+        mlagen.decode(rows.q, rows.kv, rows.qo_indptr, rows.kv_indptr, rows.config, kv_format="fp8", q_len=5)
+    with pytest.raises(mlagen.MlagenError, match="q_len"):
+        mlagen.decode(rows.q, rows.kv, rows.qo_indptr, rows.kv_indptr, rows.config, kv_format="fp8", q_len=1)
+    q12 = torch.randn((4, 12, QK), device="cuda").to(torch.bfloat16)
+    with pytest.raises(mlagen.MlagenError, match="heads"):
+        mlagen.decode(q12, rows.kv, rows.qo_indptr, rows.kv_indptr, dict(rows.config, num_heads=12), kv_format="fp8")
+    with pytest.raises(mlagen.MlagenError, match="num_heads"):
+        mlagen.decode(rows.q, rows.kv, rows.qo_indptr, rows.kv_indptr, dict(rows.config, num_heads=32), kv_format="fp8")
+
+
+def test_query_lengths_past_q_len_are_flagged():
+    """qo_indptr giving a sequence more tokens than q_len: its rows NaN and the error word set."""
+    rows = Rows(16, [2, 2], [300, 300], 3)
+    qo = torch.tensor([0, 3, 4], dtype=torch.int32, device="cuda")  # 3 tokens > q_len 2
+    out = mlagen.decode(rows.q, rows.kv, qo, rows.kv_indptr, dict(rows.config, kv_seq_len=None), kv_format="fp8",
+                        q_len=2)
+    torch.cuda.synchronize()
+    assert out[0].isnan().all()
+    with pytest.raises(mlagen.MlagenError, match="QO_INDPTR|qo_indptr"):
+        mlagen.check_device_errors()
