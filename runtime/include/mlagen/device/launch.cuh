@@ -117,70 +117,39 @@ mlagen_status launch_combine(const mlagen_problem* pr, const Params& p, int32_t 
   return MLAGEN_OK;
 }
 
-// Warpgroups a block of tiling T may take: two row groups a block for the NVIDIA warpgroup
-// kernel on fp8 KV (T::kTwoWarpgroups), one otherwise.
-template <class T, class = void>
-struct MaxWarpgroups {
-  static constexpr int value = 1;
-};
-template <class T>
-struct MaxWarpgroups<T, decltype(void(T::kTwoWarpgroups))> {
-  static constexpr int value = T::kTwoWarpgroups ? 2 : 1;
-};
-template <class T, int kWgs>
-constexpr int block_smem() {
-  if constexpr (MaxWarpgroups<T>::value == 2) return T::smem_bytes(kWgs);
-  return T::kSmemBytes;
-}
-
 // [q_amax_kernel, when fp8 q is quantized here] -> decode -> [combine, when split and the
 // decode does not merge its own splits].
 // An fp8-q kernel (T::kQ == kFp8) runs as generated for an fp8 q given with its scale, and as
 // its kFp8FromBf16 instantiation when the library quantizes a bf16 q.
-template <class T, class Shape, int kWgs>
-mlagen_status launch_decode_blocks(const mlagen_problem* pr, const Params& p, int32_t splits, hipStream_t stream) {
-  const dim3 grid(splits * (p.row_groups / kWgs), pr->batch), block(T::kThreads * kWgs);  // shapes.cuh block_coord
-  if constexpr (T::kQ == QFormat::kFp8) {
-    if (p.q_amax_parts > 0) {
-      using TQ = typename T::template WithQ<QFormat::kFp8FromBf16>;
-      auto* kernel = &mla_decode_kernel<TQ, Shape, kWgs>;
-      constexpr int smem = block_smem<TQ, kWgs>();
-      static uint64_t smem_configured = 0;  // one per kernel
-      const mlagen_status st = ensure_smem_limit(kernel, smem, smem_configured);
-      if (st != MLAGEN_OK) return st;
-      auto* amax = &q_amax_kernel<256>;
-      hipLaunchKernelGGL(amax, dim3(p.q_amax_parts), dim3(256), 0, stream, p);
-#if defined(MLAGEN_NVIDIA)
-      const hipError_t le = launch_dependent(kernel, grid, block, smem, stream, p);
-      if (le != hipSuccess) return fail(MLAGEN_ERR_DEVICE, "decode launch failed: %s", hipGetErrorString(le));
-#else
-      hipLaunchKernelGGL(kernel, grid, block, smem, stream, p);
-#endif
-      return launch_combine<T, Shape>(pr, p, splits, stream);
-    }
-  }
-  auto* kernel = &mla_decode_kernel<T, Shape, kWgs>;
-  constexpr int smem = block_smem<T, kWgs>();
-  static uint64_t smem_configured = 0;  // one per (tiling, shape, warpgroups) instantiation = one per kernel
-  const mlagen_status st = ensure_smem_limit(kernel, smem, smem_configured);
-  if (st != MLAGEN_OK) return st;
-  hipLaunchKernelGGL(kernel, grid, block, smem, stream, p);
-  return launch_combine<T, Shape>(pr, p, splits, stream);
-}
-
-// Two row groups a block where the tiling takes them and they pair up (an even number a
-// sequence): decided at compile time for a specialized kernel, at run time for the generic one.
 template <class T, class Shape>
 mlagen_status launch_mla_decode(const mlagen_problem* pr, int32_t splits, void* raw_stream) {
   const Params p = make_params(pr, splits);
   const auto stream = static_cast<hipStream_t>(raw_stream);
-  if constexpr (MaxWarpgroups<T>::value == 2 && Shape::kGeneric) {
-    if (p.row_groups % 2 == 0) return launch_decode_blocks<T, Shape, 2>(pr, p, splits, stream);
-    return launch_decode_blocks<T, Shape, 1>(pr, p, splits, stream);
-  } else {
-    constexpr bool kPairs = MaxWarpgroups<T>::value == 2 && !Shape::kGeneric && Shape::kGroups % 2 == 0;
-    return launch_decode_blocks<T, Shape, kPairs ? 2 : 1>(pr, p, splits, stream);
+  const dim3 grid(splits * p.row_groups, pr->batch), block(T::kThreads);  // shapes.cuh BlockCoord
+  if constexpr (T::kQ == QFormat::kFp8) {
+    if (p.q_amax_parts > 0) {
+      using TQ = typename T::template WithQ<QFormat::kFp8FromBf16>;
+      auto* kernel = &mla_decode_kernel<TQ, Shape>;
+      static uint64_t smem_configured = 0;  // one per kernel
+      const mlagen_status st = ensure_smem_limit(kernel, TQ::kSmemBytes, smem_configured);
+      if (st != MLAGEN_OK) return st;
+      auto* amax = &q_amax_kernel<256>;
+      hipLaunchKernelGGL(amax, dim3(p.q_amax_parts), dim3(256), 0, stream, p);
+#if defined(MLAGEN_NVIDIA)
+      const hipError_t le = launch_dependent(kernel, grid, block, TQ::kSmemBytes, stream, p);
+      if (le != hipSuccess) return fail(MLAGEN_ERR_DEVICE, "decode launch failed: %s", hipGetErrorString(le));
+#else
+      hipLaunchKernelGGL(kernel, grid, block, TQ::kSmemBytes, stream, p);
+#endif
+      return launch_combine<T, Shape>(pr, p, splits, stream);
+    }
   }
+  auto* kernel = &mla_decode_kernel<T, Shape>;
+  static uint64_t smem_configured = 0;  // one per (tiling, shape) instantiation = one per kernel
+  const mlagen_status st = ensure_smem_limit(kernel, T::kSmemBytes, smem_configured);
+  if (st != MLAGEN_OK) return st;
+  hipLaunchKernelGGL(kernel, grid, block, T::kSmemBytes, stream, p);
+  return launch_combine<T, Shape>(pr, p, splits, stream);
 }
 
 }  // namespace mlagen::device

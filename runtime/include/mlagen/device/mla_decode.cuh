@@ -57,13 +57,6 @@ struct Tiling : TileGeometry<kBlockN_, kStages_, /*warps=*/4> {
   static constexpr int kSmemBytes =
       kWarpgroup ? Wg::kSmemBytes : G::kStages * kStageBytes + kDecodedBytes + kRedBytes;
   static constexpr int kMinBlocksPerSm = kSmemBytes <= 110 * 1024 ? 2 : 1;
-  // A block of `wgs` warpgroups (the warpgroup kernel on fp8 KV: two row groups a block,
-  // mla_decode_sm90_wgmma.cuh): its threads and shared memory.
-  static constexpr bool kTwoWarpgroups = kWarpgroup && kKv == KvFormat::kFp8;
-  static constexpr int threads(int wgs) { return kThreads * wgs; }
-  static constexpr int smem_bytes(int wgs) {
-    return wgs == 2 ? WgLayout<wg_stages(kStages_, 2), kKv_, 2>::kSmemBytes : kSmemBytes;
-  }
   static_assert(G::kBlockN % 32 == 0, "kBlockN: multiple of 32 (ldmatrix.x4 takes 4 n8 tiles)");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory over sm_90's 227 KB a block: fewer stages");
 };
@@ -544,13 +537,13 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
   }
 }
 
-template <class T, class Shape, int kWgs = 1>
-__global__ void __launch_bounds__(T::kThreads * kWgs, kWgs == 1 ? T::kMinBlocksPerSm : 1) mla_decode_kernel(const Params p) {
+template <class T, class Shape>
+__global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm) mla_decode_kernel(const Params p) {
   extern __shared__ __align__(128) uint8_t smem[];
   if constexpr (T::kWide)
     decode_wide<T, Shape>(p, smem);
   else if constexpr (T::kWarpgroup)
-    decode_wgmma<T, Shape, kWgs>(p, smem);
+    decode_wgmma<T, Shape>(p, smem);
   else
     decode_fp8<T, Shape>(p, smem);
 }

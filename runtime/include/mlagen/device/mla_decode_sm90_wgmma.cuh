@@ -17,12 +17,8 @@
 // (512 dims) in registers; a kStages-deep cp.async ring, ~95 KB of shared memory with 2
 // stages, so two blocks share an SM and one computes while the other waits (a single block of
 // two warpgroups splitting one row group's work in lockstep ran at half the speed: docs/perf.md).
-// Two row groups of a sequence (32 query rows: 32+ heads, or 16 heads x 2+ tokens) take one
-// block of two warpgroups instead (kWgs = 2): each runs the one-warpgroup algorithm on its own
-// 16 rows (its own Q, P and reductions, its own barriers) over KV tiles that both issue half
-// of and share, so a KV tile crosses from L2 once for 32 rows, not twice (L2 bandwidth, not the
-// HBM stream, bounds many row groups: docs/perf.md v10); the block has the SM to itself, so
-// its ring is 4 stages deep.
+// More query rows (32..128 heads, 2..4 tokens) are more blocks of 16 rows (shapes.cuh
+// QueryRows), neighbours in the grid so that L2 serves a KV tile to all of them.
 //
 // mxfp4 KV takes the same kernel: a ring of packed stages (288 bytes + 18 scales a token)
 // and one e4m3 tile that the block refills from the landed stage every tile (expand_tile:
@@ -44,11 +40,9 @@ namespace mlagen::device {
 constexpr int kTracePoints = 8;
 constexpr size_t kTraceOffset = size_t{32} << 20;
 
-template <int kStages_, KvFormat kKv_ = KvFormat::kFp8, int kWgs_ = 1>
+template <int kStages_, KvFormat kKv_ = KvFormat::kFp8>
 struct WgLayout {
   static constexpr bool kMx = kKv_ == KvFormat::kMxfp4;
-  static constexpr int kWgs = kWgs_;  // warpgroups a block, each its own 16 query rows
-  static_assert(kWgs == 1 || (kWgs == 2 && !kMx), "two warpgroups: fp8 KV only");
   static constexpr int kBlockN = 64;   // tokens a tile = the M of the S wgmma
   static constexpr int kStages = kStages_;
   static constexpr int kThreads = 128;  // one warpgroup
@@ -76,19 +70,17 @@ struct WgLayout {
   // Q hi / lo: 32 rows (16 hi, 16 lo) x 576 bytes; P^T hi / lo: 32 rows x 64 tokens.
   static constexpr int kQLbo = 128, kQSbo = kChunksPerRow * 128, kQBytes = 4 * kQSbo;
   static constexpr int kPLbo = 128, kPSbo = kBlockN / 16 * 128, kPBytes = 4 * kPSbo;
-  // then per warpgroup: its Q, P^T, reductions and column scales (kWgBytes apart)
   static constexpr int kQOffset = kTilesBytes;  // from the 1024-aligned base
   static constexpr int kPOffset = kQOffset + kQBytes;
   static constexpr int kRedOffset = kPOffset + kPBytes;               // [4 warps][16 heads] x2 floats
   static constexpr int kColOffset = kRedOffset + 2 * 4 * kHeads * 4;  // [16] column scales
-  static constexpr int kWgBytes = kColOffset + kHeads * 4 - kQOffset;
   // mxfp4: the tile's token powers of two, [64] as float exponents then [64] as factors;
   // [kMxLut] e4m3 tables of 8 bytes
-  static constexpr int kTokOffset = kQOffset + kWgs * kWgBytes;
+  static constexpr int kTokOffset = kColOffset + kHeads * 4;
   static constexpr int kMxLut = 20;  // block exponents -13..6 relative to the token's (below: zeros)
   static constexpr int kLutOffset = kTokOffset + (kMx ? 2 * kBlockN * 4 : 0);
   static constexpr int kSmemBytes = kLutOffset + (kMx ? kMxLut * 8 : 0) + kAlign;  // + room to align the base
-  static_assert(kPackedStageBytes % 16 == 0 && kQOffset % 16 == 0 && kWgBytes % 16 == 0, "16-byte copies");
+  static_assert(kPackedStageBytes % 16 == 0 && kQOffset % 16 == 0, "16-byte copies");
   static_assert(kCopiesPerThread * kThreads == kBlockN * kChunksPerRow, "whole copies a thread");
 
   MLAGEN_DEVICE static uint32_t kv_at(int token, int byte) {
@@ -115,23 +107,10 @@ MLAGEN_DEVICE void split_e4m3(float x0, float x1, uint32_t& hi, uint32_t& lo) {
   lo = pack_e4m3x2((x0 - hf.x) * 16.f, (x1 - hf.y) * 16.f);
 }
 
-// The ring depth of a block of kWgs warpgroups (one block an SM with two: 4 stages fit).
-__host__ __device__ constexpr int wg_stages(int stages, int wgs) { return wgs == 2 ? 4 : stages; }
-
-// A barrier for one warpgroup's 128 threads (named barrier 1 + wg), the block's with one.
-template <int kWgs>
-MLAGEN_DEVICE void wg_sync(int wg) {
-  if constexpr (kWgs == 1) {
-    __syncthreads();
-  } else {
-    asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
-  }
-}
-
-template <class T, class Shape, int kWgs = 1>
+template <class T, class Shape>
 MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   using namespace sm90;
-  using L = WgLayout<wg_stages(T::kStages, kWgs), T::kKv, kWgs>;
+  using L = WgLayout<T::kStages, T::kKv>;
   constexpr int BN = L::kBlockN, ST = L::kStages, W = 4;
   constexpr bool kMx = L::kMx;
   static_assert(MLAGEN_WARP_SIZE == 32, "wgmma fragments are defined for 32-lane warps");
@@ -139,17 +118,16 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   const uint32_t s_raw = smem_addr(smem);
   const uint32_t s_base = (s_raw + L::kAlign - 1) & ~static_cast<uint32_t>(L::kAlign - 1);
   smem += s_base - s_raw;
-  const int wg = kWgs == 1 ? 0 : static_cast<int>(threadIdx.x) / L::kThreads;  // the warpgroup's row group
-  const uint32_t s_q = s_base + L::kQOffset + wg * L::kWgBytes, s_p = s_base + L::kPOffset + wg * L::kWgBytes;
-  float* red_max = reinterpret_cast<float*>(smem + L::kRedOffset + wg * L::kWgBytes);  // [warp][head]
+  const uint32_t s_q = s_base + L::kQOffset, s_p = s_base + L::kPOffset;
+  float* red_max = reinterpret_cast<float*>(smem + L::kRedOffset);  // [warp][head]
   float* red_sum = red_max + W * kHeads;
-  float* col_scale = reinterpret_cast<float*>(smem + L::kColOffset + wg * L::kWgBytes);  // [head]: 1 / c
+  float* col_scale = reinterpret_cast<float*>(smem + L::kColOffset);  // [head]: 1 / c
   float* tok_pow = reinterpret_cast<float*>(smem + L::kTokOffset);    // mxfp4: [token] exponent g
   float* tok_mul = tok_pow + BN;                                        //        [token] 2^g
 
-  const int tid = static_cast<int>(threadIdx.x) % L::kThreads, w = tid / 32, lane = tid % 32;  // in the warpgroup
+  const int tid = threadIdx.x, w = tid / 32, lane = tid % 32;
   const int g = lane >> 2, t = lane & 3;
-  const BlockCoord bc = block_coord<Shape, kWgs>(p, wg);
+  const BlockCoord bc = block_coord<Shape>(p);
   const int split = bc.split;
   allow_dependent_launch();
   const int splits = Shape::splits(p);
@@ -165,7 +143,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
                                                 kTracePoints * (static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x)
                                           : nullptr;
   auto mark = [&](int i) {
-    if (MLAGEN_WG_TRACE && threadIdx.x == 0) trace[i] = global_timer_ns();
+    if (MLAGEN_WG_TRACE && tid == 0) trace[i] = global_timer_ns();
   };
   mark(0);
 
@@ -174,15 +152,14 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   // global memory and in the swizzled tile alike: dims 0..511 as 4 rows x 128 bytes (lane l:
   // row 16 k + 4w + l / 8, 16-byte chunk l % 8 of atom i % 4), the rope dims as 8 rows x 64
   // bytes (row 32 i + 8w + l / 4, chunk l % 4). Every offset is a per-thread constant plus a
-  // compile-time one, so nothing per copy stays live across the loop. With two warpgroups each
-  // copies half: row blocks k = 2 wg, 2 wg + 1 and rope block i = wg.
-  constexpr int kMainK = 4 / kWgs, kRopeK = 2 / kWgs;  // the thread's 16-row main / 32-row rope blocks
+  // compile-time one, so nothing per copy stays live across the loop.
+  constexpr int kMainK = 4, kRopeK = 2;  // the thread's 16-row main / 32-row rope blocks
   const int r8 = 4 * (w % 2) + lane / 8, c8 = lane % 8;  // 128B part: row % 8, chunk
-  const uint32_t dst_main = (w / 2) * 1024 + r8 * 128 + ((c8 ^ r8) * 16) + kMainK * wg * 2048;
-  const int row_main = 4 * w + lane / 8 + 16 * kMainK * wg;
+  const uint32_t dst_main = (w / 2) * 1024 + r8 * 128 + ((c8 ^ r8) * 16);
+  const int row_main = 4 * w + lane / 8;
   const int rr = lane / 4, c4 = lane % 4;  // rope part: row % 8, chunk
-  const uint32_t dst_rope = L::kRopeOffset + w * 512 + rr * 64 + ((c4 ^ (rr / 2)) * 16) + kRopeK * wg * 2048;
-  const int row_rope = 8 * w + rr + 32 * kRopeK * wg;
+  const uint32_t dst_rope = L::kRopeOffset + w * 512 + rr * 64 + ((c4 ^ (rr / 2)) * 16);
+  const int row_rope = 8 * w + rr;
   // A whole tile (every tile but a split's last, short one) takes the fast path: per thread
   // one 64-bit base a tile, a 32-bit row step, immediates for the rest, no predicates (the
   // general path spent ~200 instructions a warp and tile on addresses, docs/perf.md v4).
@@ -493,7 +470,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
     if (g == 0)
 #pragma unroll
       for (int k = 0; k < 4; ++k) red_max[w * kHeads + head[k]] = mx[k];
-    wg_sync<kWgs>(wg);
+    __syncthreads();
     float alpha[4];
     bool rescale = false;
 #pragma unroll
@@ -526,7 +503,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
     uint32_t a0[8][4];  // V^T fragments of the first 32 tokens (S is dead: registers)
     v_frags(tile, 0, a0);
     fence_proxy_async_smem();
-    wg_sync<kWgs>(wg);  // P complete
+    __syncthreads();  // P complete
 
     // ---- O^T += V^T P^T: 2 k-steps of 32 tokens x 8 m64 blocks --------------------------
 #pragma unroll
@@ -561,7 +538,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   if (g == 0)
 #pragma unroll
     for (int k = 0; k < 4; ++k) red_sum[w * kHeads + head[k]] = l[k];
-  wg_sync<kWgs>(wg);
+  __syncthreads();
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     float sum = 0.f;

@@ -236,7 +236,6 @@ struct StaticShape {
 struct DynamicShape {
   static constexpr bool kGeneric = true;
   static constexpr int kPage = -1;  // kv_rows.cuh kPageRuntime
-  static constexpr int kGroups = 0;  // row groups a sequence: at run time (Params::row_groups)
   static constexpr bool kRowsEndEarly = true;
   MLAGEN_DEVICE static int splits(const Params& p) { return p.splits; }
   MLAGEN_DEVICE static int heads(const Params& p) { return p.num_heads; }
@@ -247,13 +246,10 @@ struct DynamicShape {
 };
 
 // The block's coordinates, and its query rows (of sequence seq, whose tokens the caller read).
-// kWgs > 1: a block of kWgs warpgroups takes kWgs consecutive row groups (the runtime launches
-// it only when they divide the sequence's), warpgroup wg the wg-th.
-template <class Shape, int kWgs = 1>
-MLAGEN_DEVICE BlockCoord block_coord(const Params& p, int wg = 0) {
-  const int blocks = Shape::row_groups(p) / kWgs;  // a split's blocks of one sequence
-  const int x = static_cast<int>(blockIdx.x);
-  return BlockCoord{static_cast<int>(blockIdx.y), x / blocks, kWgs * (x % blocks) + wg};
+template <class Shape>
+MLAGEN_DEVICE BlockCoord block_coord(const Params& p) {
+  const int groups = Shape::row_groups(p);
+  return BlockCoord{static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.x) / groups, static_cast<int>(blockIdx.x) % groups};
 }
 template <class Shape>
 MLAGEN_DEVICE QueryRows query_rows(const Params& p, const BlockCoord& c, int64_t q_row0, int q_n, int kv_len) {
