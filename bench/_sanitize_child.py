@@ -13,6 +13,7 @@ Exit status: 0 all good, 3 a check failed, 2 an exception.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -112,6 +113,66 @@ def paged_case(torch, mlagen, lengths, page, seed, device, kv_format, q_dtype) -
     return res
 
 
+def rows_case(torch, mlagen, heads, q_lens, lengths, seed, device, kv_format, q_dtype, splits=0, page=0) -> dict:
+    """heads x query tokens a sequence (causal among them), q / out / LSE and the KV exactly as
+    large as the problem (8 heads: padding rows of a block must never be read or written past
+    them); with `page` a block table over exactly the pages used. Every row that sees a key
+    finite, the others zeros."""
+    import math
+    g = torch.Generator(device=device).manual_seed(seed)
+    total_q, total_kv = sum(q_lens), sum(lengths)
+    kv = torch.randn((total_kv, 1, 576), generator=g, device=device).to(torch.bfloat16)
+    q = torch.randn((total_q, heads, 576), generator=g, device=device).to(torch.bfloat16)
+    qo = torch.tensor([0] + list(itertools.accumulate(q_lens)), dtype=torch.int32, device=device)
+    kvp = torch.tensor([0] + list(itertools.accumulate(lengths)), dtype=torch.int32, device=device)
+    kw = dict(q_len=max(q_lens), return_lse=True, splits=splits, force_generic=splits > 0)
+    if page:  # the rows of sequence b at pages in random order
+        need = [math.ceil(n / page) for n in lengths]
+        cache = torch.randn((sum(need) * page, 1, 576), generator=g, device=device).to(torch.bfloat16)
+        perm = torch.randperm(sum(need), generator=g, device=device).tolist()
+        table = torch.full((len(lengths), max(need)), sum(need) + 100, dtype=torch.int32)
+        at = 0
+        for b, n in enumerate(need):
+            table[b, :n] = torch.tensor(perm[at:at + n], dtype=torch.int32)
+            at += n
+        kv = cache
+        kw.update(page_table=table.to(device), page_size=page, kv_lens=torch.tensor(lengths, dtype=torch.int32,
+                                                                                    device=device))
+        kvp = None
+    fp8, scale = C.quantize_fp8(kv)
+    kv_data = {"bf16": kv, "fp8": (fp8, scale)}
+    if kv_format == "mxfp4":
+        from mlagen import quant
+        kv_data["mxfp4"] = quant.quantize_mxfp4(kv)
+    config = C.make_config(len(lengths), None)
+    config.update(num_heads=heads, q_seq_len=max(q_lens))
+    out, lse = mlagen.decode(q, kv_data, qo, kvp, config, kv_format=kv_format, q_dtype=q_dtype, **kw)
+    torch.cuda.synchronize()
+    mlagen.check_device_errors()
+    sees = []  # per token row: whether it sees a key (token i of n: the first len - n + 1 + i)
+    for n, L in zip(q_lens, lengths):
+        sees += [L - n + 1 + i > 0 for i in range(n)]
+    sees = torch.tensor(sees, device=device)
+    finite = torch.isfinite(out.float()).flatten(1).all(dim=1) & torch.isfinite(lse).all(dim=1)
+    zeros = (out.float() == 0).flatten(1).all(dim=1) & (lse == -math.inf).all(dim=1)
+    res = dict(case=f"rows_h{heads}_q{max(q_lens)}" + (f"_pg{page}" if page else "") + (f"_s{splits}" if splits else ""),
+               kv_format=kv_format, q_dtype=q_dtype, lengths=lengths, q_lens=q_lens,
+               kernel=(mlagen.last_kernel() or {}).get("name"))
+    res["nonfinite_rows"] = (~finite & sees).nonzero().flatten().tolist()
+    res["unseen_not_zero"] = (~zeros & ~sees).nonzero().flatten().tolist()
+    res["ok"] = not res["nonfinite_rows"] and not res["unseen_not_zero"]
+    return res
+
+
+ROWS_CASES = [  # (heads, q lengths, kv lengths, splits, page)
+    (8, [1, 1, 1], [700, 3, 129], 0, 0),
+    (128, [2, 2], [1000, 65], 0, 0),
+    (16, [4, 1, 3], [3, 640, 257], 3, 0),
+    (32, [3, 3], [500, 2], 2, 16),
+    (64, [1, 4], [64, 1025], 0, 1),
+]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", default=None,
@@ -119,6 +180,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-nonuniform", action="store_true", help="skip the non-uniform-length case")
     p.add_argument("--paged", default="1,16,64", help="page sizes of the paged cases ('' for none): the non-uniform "
                    "lengths over a block table, pages in random order, plus one page id past the cache")
+    p.add_argument("--no-rows", action="store_true", help="skip the query-rows cases (ROWS_CASES: 8..128 heads, "
+                   "1..4 causal query tokens, splits, pages)")
     p.add_argument("--nonuniform-batch", type=int, default=10, help="sequences in the non-uniform case")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ref", action="store_true", help="also check against the float32 reference")
@@ -176,6 +239,20 @@ def main(argv=None) -> int:
                 print(f"[child] paged{page} {fmt}/q{q_dtype}: {'ok' if res.get('ok') else 'FAIL'} "
                       f"kernel={res.get('kernel')} nonfinite_rows={res.get('nonfinite_rows')} "
                       f"bad_page_flagged={res.get('bad_page_flagged')} {res.get('error') or ''}", flush=True)
+                torch.cuda.empty_cache()
+        for i, (heads, q_lens, lengths, splits, page) in enumerate([] if args.no_rows else ROWS_CASES):
+            for fmt, q_dtype in formats:
+                try:
+                    res = rows_case(torch, mlagen, heads, q_lens, lengths, args.seed + 31 * i, device, fmt, q_dtype,
+                                    splits, page)
+                except Exception as e:  # noqa: BLE001
+                    res = dict(case=f"rows{i}", ok=False, error=f"{type(e).__name__}: {e}", kv_format=fmt,
+                               q_dtype=q_dtype)
+                    traceback.print_exc()
+                summary["cases"].append(res)
+                print(f"[child] {res['case']} {fmt}/q{q_dtype}: {'ok' if res.get('ok') else 'FAIL'} "
+                      f"kernel={res.get('kernel')} nonfinite_rows={res.get('nonfinite_rows')} "
+                      f"unseen_not_zero={res.get('unseen_not_zero')} {res.get('error') or ''}", flush=True)
                 torch.cuda.empty_cache()
         torch.cuda.synchronize()
         summary["ok"] = all(c.get("ok") for c in summary["cases"])

@@ -9,7 +9,11 @@ dequantized inputs (and a bf16 q beyond f16's range), for each format pair the g
 bf16 or fp8 q, bf16 KV and mxfp4 KV (bf16 MFMA; mxfp4 scale row strides 18 and 24) with bf16
 or fp8 q; KV rows contiguous or paged (page sizes 1, 16, 32, 64 in random order, a shared page,
 block table or FlashInfer's form, a compile-time page size), the LSE of every case, and page ids
-outside the cache (NaN for that sequence alone, error bit 4). The KV and scale tensors end at a
+outside the cache (NaN for that sequence alone, error bit 4); and query rows other than 16 heads
+x 1 token (8, 32, 128 heads; 2 and 4 query tokens, causal: token t of n sees the first
+kv_len - n + 1 + t KV rows, a row seeing none gives 0 and LSE -inf; non-uniform query lengths
+on the generic kernel; splits in which some rows see no key; compile-time heads / q_len shapes).
+The KV and scale tensors end at a
 PROT_NONE page, so an out-of-bounds read crashes the run. This checks every index map of the
 AMD kernel (fragments, transposes, masking, dequantization, paging, epilogue, splits); it cannot
 check the hardware's speed or the emulation's own reading of the ISA.
@@ -48,7 +52,8 @@ def test_gfx9_kernel_source_matches_float64_reference(arch, tmp_path):
     print(run.stdout)
     assert run.returncode == 0, run.stdout + run.stderr
     # 6 format pairs x (5 contiguous + 7 paged cases) + |q| > 65504 for the 3 bf16-q pairs + a strided KV view
-    # for the 2 fp8-KV pairs
-    assert run.stdout.count(" ok\n") == 77
-    assert run.stdout.count("paged") == 6 * 7
+    # for the 2 fp8-KV pairs, then 6 x 12 query-row cases (one of them paged)
+    assert run.stdout.count(" ok\n") == 77 + 6 * 12
+    assert run.stdout.count("paged") == 6 * 8
     assert run.stdout.count("q-beyond-f16") == 3
+    assert run.stdout.count(" rows-") == 6 * 12

@@ -71,7 +71,7 @@ struct EmuBlock {
 };
 inline EmuBlock* emu_block = nullptr;
 inline thread_local int emu_lane = 0, emu_wave = 0;
-inline thread_local unsigned emu_or_calls = 0;  // this thread's __syncthreads_or calls (threads are per block)
+inline thread_local unsigned emu_or_calls = 0;  // this thread's __syncthreads_or calls in its block (the launcher resets it a block)
 
 inline void __syncthreads() { emu_block->bar->arrive_and_wait(); }
 

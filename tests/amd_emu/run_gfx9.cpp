@@ -5,7 +5,10 @@
 // KV rows contiguous or paged (block table or FlashInfer's page indptr form, pages in random
 // order, a page shared by two sequences); every case checks the LSE too, and flagged sequences
 // (bad indptr, a page id outside the cache) must come out NaN, alone, with the error bit.
-// Built and run by tests/test_amd_emulation.py for gfx950 (-D__gfx950__) and gfx942.
+// Query rows: 16 heads x 1 token, and (run_rows_format) 8 / 32 / 128 heads and 1..4 query tokens
+// a sequence, causal among them (the reference applies the rule: token t of n sees the first
+// kv_len - n + 1 + t rows; none: output 0, LSE -inf).
+// Usage: emu [format substring] [base|rows]. Built and run by tests/test_amd_emulation.py for gfx950 (-D__gfx950__) and gfx942.
 // The KV tensor and the mxfp4 scale tensor end at a PROT_NONE page: a kernel that reads
 // past either (the scale window's last, partial chunk included, or a bad page) crashes the run.
 // Prints one line a case; exit status 1 if any case is off.
@@ -15,6 +18,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <thread>
@@ -28,32 +32,46 @@ alignas(64) uint8_t smem[160 * 1024];  // the block's LDS (gfx950's 160 KB): blo
 }
 using namespace mlagen::device;
 
+// Runs the grid's blocks one at a time, (y, x) in order, x fastest, on one std::thread per
+// GPU thread of a block, created once a launch (not once a block: the emulator's time on a
+// 2-core CI box is mostly thread creation and barrier wake-ups). Between two blocks every
+// thread meets at `between`, whose completion step gives the next block fresh barriers and
+// __syncthreads_or words and poisons the LDS: nothing may read LDS it did not write.
 template <class Kernel>
 void launch(Kernel kernel, int gx, int gy, int threads, const Params& p) {
-  for (int by = 0; by < gy; ++by)
-    for (int bx = 0; bx < gx; ++bx) {
-      std::barrier<> bar(threads);
-      EmuBlock blk;
-      blk.bar = &bar;
-      std::vector<std::unique_ptr<std::barrier<>>> wave_bars;
-      for (int w = 0; w < threads / 64; ++w) {
-        wave_bars.push_back(std::make_unique<std::barrier<>>(64));
-        blk.wave[w].bar = wave_bars.back().get();
-      }
-      emu_block = &blk;
-      std::memset(smem, 0xa5, sizeof(smem));  // poison: nothing may read LDS it did not write
-      std::vector<std::thread> ts;
-      for (int t = 0; t < threads; ++t)
-        ts.emplace_back([&, t] {
-          threadIdx.x = t;
-          blockIdx.x = bx;
-          blockIdx.y = by;
-          emu_lane = t % 64;
-          emu_wave = t / 64;
-          kernel(p);
-        });
-      for (auto& t : ts) t.join();
+  const int nblocks = gx * gy;
+  if (nblocks <= 0) return;
+  EmuBlock blk;
+  std::unique_ptr<std::barrier<>> bar;
+  std::vector<std::unique_ptr<std::barrier<>>> wave_bars(threads / 64);
+  auto next_block = [&]() noexcept {
+    bar = std::make_unique<std::barrier<>>(threads);
+    blk.bar = bar.get();
+    for (size_t w = 0; w < wave_bars.size(); ++w) {
+      wave_bars[w] = std::make_unique<std::barrier<>>(64);
+      blk.wave[w].bar = wave_bars[w].get();
     }
+    blk.any[0] = blk.any[1] = blk.any[2] = 0u;
+    std::memset(smem, 0xa5, sizeof(smem));
+  };
+  next_block();
+  emu_block = &blk;
+  std::barrier between(threads, next_block);
+  std::vector<std::thread> ts;
+  for (int t = 0; t < threads; ++t)
+    ts.emplace_back([&, t] {
+      threadIdx.x = t;
+      emu_lane = t % 64;
+      emu_wave = t / 64;
+      for (int k = 0; k < nblocks; ++k) {
+        blockIdx.x = k % gx;
+        blockIdx.y = k / gx;
+        emu_or_calls = 0;  // the block's __syncthreads_or calls (see emu_hip.h)
+        kernel(p);
+        between.arrive_and_wait();
+      }
+    });
+  for (auto& t : ts) t.join();
 }
 
 // `bytes` that end exactly where a PROT_NONE page begins, so that reading one byte past them
@@ -136,6 +154,9 @@ struct Case {
   int page = 0;          // 0: contiguous rows at kv_indptr; else pages of this many rows, in random order
   enum Form { kTableLens, kTableIndptr, kFlashInfer } form = kTableLens;  // paged: how the page lists come
   int bad_page_seq = -1;  // paged: this sequence's middle page id is num_pages (outside the cache)
+  int heads = 16;           // query heads (8..128); the block owns 16 query rows (shapes.cuh QueryRows)
+  std::vector<int> qlens;   // query tokens of each sequence (empty: 1 each); causal among them
+  int q_len = 0;            // Params::q_len: the most a sequence has (0: the largest of qlens)
 };
 
 // Where logical token t of sequence b lives (row[b][t] of the cache; -1 = the bad page) and the
@@ -199,16 +220,23 @@ static KvLayout make_layout(const Case& c, const std::vector<int32_t>& kv_indptr
   return L;
 }
 
-// Shape: DynamicShape (lengths from kv_indptr or the page lists) or a StaticShape<batch, kv_len,
-// splits, page>. Every case also asks for the LSE (at a padded row stride, the padding checked
-// untouched) and checks it against ln sum_t exp(s_t) in float64.
+// Shape: DynamicShape (lengths from kv_indptr or the page lists, query tokens from qo_indptr) or
+// a StaticShape<batch, kv_len, splits, page, heads, q_len>. Query rows are (token, head) pairs
+// of c.heads heads, c.qlens[b] tokens a sequence, causal: token t of n sees the first
+// kv_len - n + 1 + t KV rows (none: output 0, LSE -inf). Every case also asks for the LSE (at a
+// padded row stride, the padding checked untouched) and checks it against ln sum_t exp(s_t) in
+// float64.
 template <KvFormat KF, QFormat QF, class Shape>
 static bool run_case(const Format& fmt, const Case& c) {
   const std::vector<int>& lens = c.lens;
-  const int batch = static_cast<int>(lens.size()), splits = c.splits;
-  std::vector<int32_t> kv_indptr(batch + 1, 0), qo_indptr(batch + 1);
+  const int batch = static_cast<int>(lens.size()), splits = c.splits, H = c.heads;
+  std::vector<int> qlens = c.qlens.empty() ? std::vector<int>(batch, 1) : c.qlens;
+  const int q_len = c.q_len ? c.q_len : *std::max_element(qlens.begin(), qlens.end());
+  const int groups = (H * q_len + kHeads - 1) / kHeads;  // blocks of 16 query rows a sequence
+  std::vector<int32_t> kv_indptr(batch + 1, 0), qo_indptr(batch + 1, 0);
   for (int b = 0; b < batch; ++b) kv_indptr[b + 1] = kv_indptr[b] + lens[b];
-  for (int b = 0; b <= batch; ++b) qo_indptr[b] = b;
+  for (int b = 0; b < batch; ++b) qo_indptr[b + 1] = qo_indptr[b] + qlens[b];
+  const int total_q = qo_indptr[batch];  // token rows of q / out
   std::mt19937 rng(c.seed);
   const KvLayout L = make_layout(c, kv_indptr, rng);
   const int64_t total = L.num_rows;  // rows of the cache
@@ -216,7 +244,7 @@ static bool run_case(const Format& fmt, const Case& c) {
   std::normal_distribution<float> normal;
 
   // q: bf16, or fp8 codes with a per-tensor scale; qd = the values the kernel sees
-  const size_t nq = static_cast<size_t>(batch) * kHeads * kQkDim;
+  const size_t nq = static_cast<size_t>(total_q) * H * kQkDim;
   std::vector<uint16_t> q_bf16(nq);
   std::vector<uint8_t> q_fp8(nq);
   std::vector<double> qd(nq);
@@ -272,25 +300,26 @@ static bool run_case(const Format& fmt, const Case& c) {
     }
   }
 
-  std::vector<uint16_t> out(static_cast<size_t>(batch) * kHeads * kVDim, 0xffff);  // poison (NaN)
-  std::vector<float2> part_ml(static_cast<size_t>(batch) * splits * kHeads);
-  std::vector<float> part_o(static_cast<size_t>(batch) * splits * kHeads * kVDim, NAN);
-  constexpr int kLseStride = kHeads + 3;  // padded: the 3 floats after each row's 16 must stay untouched
+  std::vector<uint16_t> out(static_cast<size_t>(total_q) * H * kVDim, 0xffff);  // poison (NaN)
+  const size_t part_rows = static_cast<size_t>(batch) * splits * groups * kHeads;  // [batch, splits, groups, 16]
+  std::vector<float2> part_ml(part_rows);
+  std::vector<float> part_o(part_rows * kVDim, NAN);
+  const int kLseStride = H + 3;  // padded: the 3 floats after each token's H must stay untouched
   constexpr float kLsePoison = 12345.f;
-  std::vector<float> lse(static_cast<size_t>(batch) * kLseStride, kLsePoison);
+  std::vector<float> lse(static_cast<size_t>(total_q) * kLseStride, kLsePoison);
   uint32_t errors = 0;
   const float sm_scale = 1.f / 24.f;
 
   Params p{};
   p.q = QF == QFormat::kFp8 ? static_cast<const void*>(q_fp8.data()) : static_cast<const void*>(q_bf16.data());
-  p.q_stride_token = kHeads * kQkDim; p.q_stride_head = kQkDim;
+  p.q_stride_token = static_cast<int64_t>(H) * kQkDim; p.q_stride_head = kQkDim;
   p.q_scale = QF == QFormat::kFp8 ? &q_scale : nullptr;
   p.kv = kv.data(); p.kv_stride_bytes = kRowBytes;
   p.kv_scale = KF == KvFormat::kFp8 ? &kv_scale : nullptr;
   p.kv_scales = KF == KvFormat::kMxfp4 ? scales.data() : nullptr;
   p.kv_scales_stride = KF == KvFormat::kMxfp4 ? sstride : 0;
   p.qo_indptr = qo_indptr.data(); p.kv_indptr = kv_indptr.data();
-  p.out = out.data(); p.out_stride_token = kHeads * kVDim; p.out_stride_head = kVDim;
+  p.out = out.data(); p.out_stride_token = static_cast<int64_t>(H) * kVDim; p.out_stride_head = kVDim;
   p.part_ml = part_ml.data(); p.part_o = part_o.data(); p.errors = &errors;
   p.lse = lse.data(); p.lse_stride_token = kLseStride;
   if (c.page) {
@@ -300,17 +329,18 @@ static bool run_case(const Format& fmt, const Case& c) {
     p.kv_lens = c.form == Case::kTableLens ? L.kv_lens.data() : nullptr;
     if (c.form == Case::kFlashInfer) p.page_indptr = L.page_indptr.data(), p.last_page_len = L.last_page_len.data();
   }
-  p.batch = batch; p.splits = splits; p.total_q = batch; p.total_kv = total; p.sm_scale = sm_scale;
+  p.batch = batch; p.splits = splits; p.total_q = total_q; p.total_kv = total; p.sm_scale = sm_scale;
+  p.num_heads = H; p.q_len = q_len; p.row_groups = groups;
 
-  std::vector<uint32_t> counters(batch, 0u);  // zeroed once, as the workspace is
+  std::vector<uint32_t> counters(static_cast<size_t>(batch) * groups, 0u);  // [batch, groups], zeroed once as the workspace is
   p.split_counters = counters.data();
 #if defined(__gfx950__)
   using T = std::conditional_t<KF == KvFormat::kFp8, NativeFp8Tiling<KF, QF>, Tiling<32, 2, KF, QF>>;
 #else
   using T = Tiling<32, 2, KF, QF>;
 #endif
-  launch(mla_decode_kernel<T, Shape>, splits, batch, T::kThreads, p);
-  if (splits > 1 && !FusedCombine<T>::value) launch(mla_combine_kernel<T, Shape>, batch * kHeads, 1, 128, p);
+  launch(mla_decode_kernel<T, Shape>, splits * groups, batch, T::kThreads, p);  // launch.cuh's grid
+  if (splits > 1 && !FusedCombine<T>::value) launch(mla_combine_kernel<T, Shape>, batch * groups * kHeads, 1, 128, p);
   bool counters_reset = true;  // the merging block leaves every counter at 0 for the next call
   for (uint32_t v : counters) counters_reset &= v == 0u;
   constexpr bool kNativeFp8 = T::kNative;
@@ -324,59 +354,65 @@ static bool run_case(const Format& fmt, const Case& c) {
 
   double num = 0, den = 0, lse_err = 0;
   bool finite = true, zeros_ok = true, nan_ok = true, lse_ok = true;
+  int rows_seeing_none = 0;  // (token, head) rows whose causal window is empty
   for (int b = 0; b < batch; ++b) {
-    for (int e = kHeads; e < kLseStride; ++e) lse_ok &= lse[b * kLseStride + e] == kLsePoison;
-    const int n = lens[b];
-    for (int h = 0; h < kHeads; ++h) {
-      const float got_lse = lse[b * kLseStride + h];
-      if (flagged[b]) {
-        for (int d = 0; d < kVDim; ++d)
-          nan_ok &= std::isnan(from_bf16(out[(static_cast<size_t>(b) * kHeads + h) * kVDim + d]));
-        nan_ok &= std::isnan(got_lse);
-        continue;
-      }
-      const double* qrow = &qd[(static_cast<size_t>(b) * kHeads + h) * kQkDim];
-      std::vector<double> q8;  // the native kernel's per-head e4m3 q (bf16 q): its recipe, exactly
-      if (kNativeFp8 && QF == QFormat::kBf16) {
-        double amax = 0;
-        for (int d = 0; d < kQkDim; ++d) amax = std::max(amax, std::fabs(qrow[d]));
-        const float inv = amax > 0 ? 448.f / static_cast<float>(amax) : 1.f;
-        const double scale = amax > 0 ? static_cast<float>(amax) / 448.f : 1.0;
-        for (int d = 0; d < kQkDim; ++d)
-          q8.push_back(emu_fp8_decode(emu_fp8_encode_rne(std::fmin(std::fmax(static_cast<float>(qrow[d]) * inv, -448.f), 448.f))) * scale);
-        qrow = q8.data();
-      }
-      std::vector<double> s(n), o(kVDim, 0.0);
-      double mx = -INFINITY, l = 0;
-      for (int t = 0; t < n; ++t) {
-        const double* krow = &kvd[static_cast<size_t>(L.row[b][t]) * kQkDim];
-        double acc = 0;
-        for (int d = 0; d < kQkDim; ++d) acc += qrow[d] * krow[d];
-        s[t] = acc * sm_scale;
-        mx = std::max(mx, s[t]);
-      }
-      for (int t = 0; t < n; ++t) {
-        const double* vrow = &kvd[static_cast<size_t>(L.row[b][t]) * kQkDim];
-        const double w = std::exp(s[t] - mx);
-        l += w;
-        for (int d = 0; d < kVDim; ++d) o[d] += w * vrow[d];
-      }
-      for (int d = 0; d < kVDim; ++d) {
-        const double ref = n ? o[d] / l : 0.0;
-        const float got = from_bf16(out[(static_cast<size_t>(b) * kHeads + h) * kVDim + d]);
-        if (!std::isfinite(got)) finite = false;
-        if (n == 0 && got != 0.f) zeros_ok = false;
-        num += (got - ref) * (got - ref);
-        den += ref * ref;
-      }
-      // LSE: -inf for an empty sequence; else ln sum exp(s_t) = mx + ln l, to about float32
-      // rounding (S is an fp32 sum of exact products of the kernel's own operands, l an fp32 sum
-      // of v_exp_f32 values: 2e-7 relative seen; P's rounding to f16 / bf16 / e4m3 feeds only O)
-      if (n == 0) {
-        lse_ok &= got_lse == -INFINITY;
-      } else {
-        const double ref_lse = mx + std::log(l), err = std::fabs(got_lse - ref_lse);
-        lse_err = std::max(lse_err, std::isnan(err) ? INFINITY : err / std::max(1.0, std::fabs(ref_lse)));
+    const int n_q = qlens[b];
+    for (int tq = 0; tq < n_q; ++tq) {
+      const int64_t tok = qo_indptr[b] + tq;
+      for (int e = H; e < kLseStride; ++e) lse_ok &= lse[tok * kLseStride + e] == kLsePoison;
+      const int n = std::max(0, std::min(lens[b], lens[b] - n_q + 1 + tq));  // keys this token sees
+      for (int h = 0; h < H; ++h) {
+        const size_t row = static_cast<size_t>(tok) * H + h;
+        const float got_lse = lse[tok * kLseStride + h];
+        if (flagged[b]) {
+          for (int d = 0; d < kVDim; ++d) nan_ok &= std::isnan(from_bf16(out[row * kVDim + d]));
+          nan_ok &= std::isnan(got_lse);
+          continue;
+        }
+        rows_seeing_none += n == 0;
+        const double* qrow = &qd[row * kQkDim];
+        std::vector<double> q8;  // the native kernel's per-row e4m3 q (bf16 q): its recipe, exactly
+        if (kNativeFp8 && QF == QFormat::kBf16) {
+          double amax = 0;
+          for (int d = 0; d < kQkDim; ++d) amax = std::max(amax, std::fabs(qrow[d]));
+          const float inv = amax > 0 ? 448.f / static_cast<float>(amax) : 1.f;
+          const double scale = amax > 0 ? static_cast<float>(amax) / 448.f : 1.0;
+          for (int d = 0; d < kQkDim; ++d)
+            q8.push_back(emu_fp8_decode(emu_fp8_encode_rne(std::fmin(std::fmax(static_cast<float>(qrow[d]) * inv, -448.f), 448.f))) * scale);
+          qrow = q8.data();
+        }
+        std::vector<double> s(n), o(kVDim, 0.0);
+        double mx = -INFINITY, l = 0;
+        for (int t = 0; t < n; ++t) {
+          const double* krow = &kvd[static_cast<size_t>(L.row[b][t]) * kQkDim];
+          double acc = 0;
+          for (int d = 0; d < kQkDim; ++d) acc += qrow[d] * krow[d];
+          s[t] = acc * sm_scale;
+          mx = std::max(mx, s[t]);
+        }
+        for (int t = 0; t < n; ++t) {
+          const double* vrow = &kvd[static_cast<size_t>(L.row[b][t]) * kQkDim];
+          const double w = std::exp(s[t] - mx);
+          l += w;
+          for (int d = 0; d < kVDim; ++d) o[d] += w * vrow[d];
+        }
+        for (int d = 0; d < kVDim; ++d) {
+          const double ref = n ? o[d] / l : 0.0;
+          const float got = from_bf16(out[row * kVDim + d]);
+          if (!std::isfinite(got)) finite = false;
+          if (n == 0 && got != 0.f) zeros_ok = false;
+          num += (got - ref) * (got - ref);
+          den += ref * ref;
+        }
+        // LSE: -inf for a row that sees no key; else ln sum exp(s_t) = mx + ln l, to about float32
+        // rounding (S is an fp32 sum of exact products of the kernel's own operands, l an fp32 sum
+        // of v_exp_f32 values: 2e-7 relative seen; P's rounding to f16 / bf16 / e4m3 feeds only O)
+        if (n == 0) {
+          lse_ok &= got_lse == -INFINITY;
+        } else {
+          const double ref_lse = mx + std::log(l), err = std::fabs(got_lse - ref_lse);
+          lse_err = std::max(lse_err, std::isnan(err) ? INFINITY : err / std::max(1.0, std::fabs(ref_lse)));
+        }
       }
     }
   }
@@ -386,10 +422,10 @@ static bool run_case(const Format& fmt, const Case& c) {
   // native fp8 path rounds P to e4m3 (3 mantissa bits): same_inputs_p_fp8
   const double bound = kNativeFp8 ? 3e-2 : 4e-3;
   const bool ok = finite && zeros_ok && nan_ok && lse_ok && errors == want_errors && counters_reset && rel < bound;
-  std::printf("%-18s %-24s batch=%d splits=%d rel_l2=%.3e lse_err=%.1e finite=%d zeros_ok=%d nan_rows_ok=%d errors=%u "
-              "counters=%d%s %s\n",
-              fmt.name, c.name, batch, splits, rel, lse_err, finite, zeros_ok, nan_ok, errors, counters_reset,
-              kNativeFp8 ? " native-fp8" : "", ok ? "ok" : "FAIL");
+  std::printf("%-18s %-24s batch=%d splits=%d heads=%d q_len=%d groups=%d rel_l2=%.3e lse_err=%.1e finite=%d "
+              "zeros_ok=%d(%d rows) nan_rows_ok=%d errors=%u counters=%d%s %s\n",
+              fmt.name, c.name, batch, splits, H, q_len, groups, rel, lse_err, finite, zeros_ok, rows_seeing_none, nan_ok,
+              errors, counters_reset, kNativeFp8 ? " native-fp8" : "", ok ? "ok" : "FAIL");
   return ok;
 }
 
@@ -434,6 +470,43 @@ static bool run_format(const Format& fmt, uint32_t seed) {
   return ok;
 }
 
+// Query rows other than 16 heads x 1 token (shapes.cuh QueryRows; a block owns 16 rows, row r =
+// token r / heads, head r % heads): 8 heads (rows 8..15 of the block padding), 32 and 128 heads
+// (2 and 8 row groups), 2 and 4 query tokens (causal: token t of n sees the first
+// kv_len - n + 1 + t rows), tokens that see no key at all (kv_len < n: output 0, LSE -inf), splits
+// in which some rows see no key (the last split holds 1 token), row groups past a shorter
+// sequence's rows (non-uniform query lengths: nothing written), paged KV, and the compile-time
+// shapes of heads / q_len. Small kv lengths: the emulator runs a thread per GPU thread.
+template <KvFormat KF, QFormat QF>
+static bool run_rows_format(const Format& fmt, uint32_t seed) {
+  using D = DynamicShape;
+  bool ok = true;
+  ok &= run_case<KF, QF, D>(fmt, {.name = "rows-h8", .lens = {50, 33}, .splits = 1, .seed = seed + 101, .heads = 8});
+  ok &= run_case<KF, QF, D>(fmt, {.name = "rows-h8-q2-splits", .lens = {65, 0, 5}, .splits = 3, .seed = seed + 102,
+                                  .heads = 8, .qlens = {2, 2, 2}});
+  ok &= run_case<KF, QF, D>(fmt, {.name = "rows-h32-splits", .lens = {45, 64}, .splits = 2, .seed = seed + 103,
+                                  .heads = 32});
+  ok &= run_case<KF, QF, D>(fmt, {.name = "rows-h128", .lens = {40}, .splits = 1, .seed = seed + 104, .heads = 128});
+  ok &= run_case<KF, QF, D>(fmt, {.name = "rows-h128-splits", .lens = {70}, .splits = 3, .seed = seed + 105,
+                                  .heads = 128});
+  ok &= run_case<KF, QF, D>(fmt, {.name = "rows-h32-q4-none", .lens = {3, 36}, .splits = 1, .seed = seed + 106,
+                                  .heads = 32, .qlens = {4, 4}});
+  ok &= run_case<KF, QF, D>(fmt, {.name = "rows-h8-q4-splits", .lens = {66, 2}, .splits = 3, .seed = seed + 107,
+                                  .heads = 8, .qlens = {4, 4}});
+  // non-uniform query lengths (the generic kernel: 1..q_len a sequence); sequence 2: 1 KV row, 2 tokens
+  ok &= run_case<KF, QF, D>(fmt, {.name = "rows-qo-1,3,2-splits", .lens = {40, 65, 1}, .splits = 2, .seed = seed + 108,
+                                  .qlens = {1, 3, 2}, .q_len = 3});
+  ok &= run_case<KF, QF, D>(fmt, {.name = "rows-q2-paged-p16", .lens = {40, 20}, .splits = 2, .seed = seed + 109,
+                                  .page = 16, .qlens = {2, 2}});
+  ok &= run_case<KF, QF, StaticShape<2, 65, 3, 0, 16, 2>>(fmt, {.name = "rows-static-q2-splits", .lens = {65, 65},
+                                                                .splits = 3, .seed = seed + 110, .qlens = {2, 2}});
+  ok &= run_case<KF, QF, StaticShape<1, 40, 1, 0, 16, 4>>(fmt, {.name = "rows-static-q4", .lens = {40}, .splits = 1,
+                                                                .seed = seed + 111, .qlens = {4}});
+  ok &= run_case<KF, QF, StaticShape<1, 45, 2, 0, 32, 1>>(fmt, {.name = "rows-static-h32-splits", .lens = {45},
+                                                                .splits = 2, .seed = seed + 112, .heads = 32});
+  return ok;
+}
+
 int main(int argc, char** argv) {
   // optional argument: run only the formats whose name contains it (e.g. "mxfp4")
   const char* only = argc > 1 ? argv[1] : "";
@@ -445,11 +518,19 @@ int main(int argc, char** argv) {
   const Format bf16_fp8{"kvbf16/qfp8", KvFormat::kBf16, QFormat::kFp8, 0};
   const Format mx18{"kvmxfp4s18/qbf16", KvFormat::kMxfp4, QFormat::kBf16, 18};
   const Format mx24{"kvmxfp4s24/qfp8", KvFormat::kMxfp4, QFormat::kFp8, 24};
-  if (want(fp8_bf16)) ok &= run_format<KvFormat::kFp8, QFormat::kBf16>(fp8_bf16, 0);
-  if (want(fp8_fp8)) ok &= run_format<KvFormat::kFp8, QFormat::kFp8>(fp8_fp8, 10);
-  if (want(bf16_bf16)) ok &= run_format<KvFormat::kBf16, QFormat::kBf16>(bf16_bf16, 20);
-  if (want(bf16_fp8)) ok &= run_format<KvFormat::kBf16, QFormat::kFp8>(bf16_fp8, 30);
-  if (want(mx18)) ok &= run_format<KvFormat::kMxfp4, QFormat::kBf16>(mx18, 40);
-  if (want(mx24)) ok &= run_format<KvFormat::kMxfp4, QFormat::kFp8>(mx24, 50);
+  // a second optional argument: "rows" runs only the query-row cases, "base" only the others
+  const char* part = argc > 2 ? argv[2] : "";
+  const bool base = std::strcmp(part, "rows") != 0, rows = std::strcmp(part, "base") != 0;
+  auto run = [&](auto fn_base, auto fn_rows, const Format& f, uint32_t seed) {
+    if (!want(f)) return;
+    if (base) ok &= fn_base(f, seed);
+    if (rows) ok &= fn_rows(f, seed);
+  };
+  run(run_format<KvFormat::kFp8, QFormat::kBf16>, run_rows_format<KvFormat::kFp8, QFormat::kBf16>, fp8_bf16, 0);
+  run(run_format<KvFormat::kFp8, QFormat::kFp8>, run_rows_format<KvFormat::kFp8, QFormat::kFp8>, fp8_fp8, 10);
+  run(run_format<KvFormat::kBf16, QFormat::kBf16>, run_rows_format<KvFormat::kBf16, QFormat::kBf16>, bf16_bf16, 20);
+  run(run_format<KvFormat::kBf16, QFormat::kFp8>, run_rows_format<KvFormat::kBf16, QFormat::kFp8>, bf16_fp8, 30);
+  run(run_format<KvFormat::kMxfp4, QFormat::kBf16>, run_rows_format<KvFormat::kMxfp4, QFormat::kBf16>, mx18, 40);
+  run(run_format<KvFormat::kMxfp4, QFormat::kFp8>, run_rows_format<KvFormat::kMxfp4, QFormat::kFp8>, mx24, 50);
   return ok ? 0 : 1;
 }

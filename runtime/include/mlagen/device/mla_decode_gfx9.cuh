@@ -1,9 +1,11 @@
 // MLA decode attention on AMD CDNA (gfx942, gfx950): the same algorithm as the NVIDIA
 // kernel (mla_decode.cuh), on MFMA with 64-lane wavefronts.
 //
-// Block (split, sequence) = 4 waves. Each KV tile of kBlockN tokens is read from global
-// memory once into LDS and serves both products:
-//   S^T = K Q^T : tokens are the MFMA M dimension, the 16 heads N; wave w owns the 144
+// Block (split x row group, sequence) = 4 waves, owning 16 query rows (shapes.cuh QueryRows:
+// the sequence's query tokens x heads, causal among the tokens; at q_len 1 and 16 heads the
+// 16 heads). Each KV tile of kBlockN tokens is read from global memory once into LDS and
+// serves both products ("head i" below: the block's query row i):
+//   S^T = K Q^T : tokens are the MFMA M dimension, the 16 rows N; wave w owns the 144
 //                 dims [144w, 144w+144) of the inner product and the 4 partial tiles are
 //                 summed through LDS (layout-agnostic: every wave has the same layout).
 //   O^T += V^T P^T : wave w owns the 128 output dims [128w, 128w+128). The S^T
@@ -76,10 +78,12 @@ MLAGEN_DEVICE const uint8_t* kv_row(const Rows& rows, const uint8_t* kv, int64_t
 }
 
 // ---- fp8 path ---------------------------------------------------------------------------
-// Sums the 4 waves' partial S^T tiles through LDS, masks tokens past `valid` and takes the
-// online-softmax step for head i (log2 domain). On return s holds the unnormalized P^T,
-// m / l are updated (l: this lane's share) and O is rescaled to the new running max.
-template <class T>
+// Sums the 4 waves' partial S^T tiles through LDS, masks tokens past `valid` (this lane's row's
+// keys in the tile) and takes the online-softmax step for row i (log2 domain). On return s holds
+// the unnormalized P^T, m / l are updated (l: this lane's share) and O is rescaled to the new
+// running max. kEarly (Shape::kRowsEndEarly): a row may have seen no key yet (all -inf): alpha 1
+// and P 0 through exp_base; else the unguarded step of one-token shapes (mla_common.cuh).
+template <class T, bool kEarly>
 MLAGEN_DEVICE void softmax_tile(gfx9::f32x4 (&s)[T::kMTiles], gfx9::f32x4* red, int wave, int lane, int valid,
                                 float s_scale, float& m, float& l, gfx9::f32x4 (&o)[2][4]) {
   constexpr int MT = T::kMTiles, W = MLAGEN_WARP_SIZE;
@@ -105,13 +109,14 @@ MLAGEN_DEVICE void softmax_tile(gfx9::f32x4 (&s)[T::kMTiles], gfx9::f32x4* red, 
     }
   mx = fmaxf(mx, __shfl_xor(mx, 16));
   mx = fmaxf(mx, __shfl_xor(mx, 32));
-  const float alpha = online_max_update(m, mx);
+  const float alpha = online_step<kEarly>(m, mx);
+  const float base = step_base<kEarly>(m);
   float lsum = 0.f;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
-      s[mt][r] = fast_exp2(s[mt][r] - m);
+      s[mt][r] = fast_exp2(s[mt][r] - base);
       lsum += s[mt][r];
     }
   l = l * alpha + lsum;
@@ -121,20 +126,24 @@ MLAGEN_DEVICE void softmax_tile(gfx9::f32x4 (&s)[T::kMTiles], gfx9::f32x4* red, 
     for (int u = 0; u < 4; ++u) o[blk][u] *= alpha;
 }
 
-// Lane (i, j) holds head i, dims wave*128 + 64*blk + 16j + (4r + u) = o[blk][u][r]: the
-// bf16 output and its LSE (one split) or the split's partial (O, m, l). l: this lane's share;
-// m is the same in every lane of head i (every wave takes the same softmax step). bad: the
-// block's verdict (block_any_bad), NaN output.
+// Lane (i, j) holds query row i, dims wave*128 + 64*blk + 16j + (4r + u) = o[blk][u][r]: the
+// bf16 output and its LSE (one split; at the row's (token, head), padding rows not at all) or
+// the split's partial (O, m, l) at part row qr.part(i). l: this lane's share; m is the same in
+// every lane of row i (every wave takes the same softmax step). bad: the block's verdict
+// (block_any_bad), NaN output.
 template <class T>
 MLAGEN_DEVICE void write_result(const Params& p, const gfx9::f32x4 (&o)[2][4], float m, float l, float o_scale,
-                                const Sequence& seq, bool bad, int b, int split, int splits, int wave, int lane) {
+                                const QueryRows& qr, bool bad, int splits, int wave, int lane) {
   const int i = lane & 15, j = lane >> 4;
   l += __shfl_xor(l, 16);
   l += __shfl_xor(l, 32);
   if (splits == 1) {
+    if (!qr.owns(i)) return;  // a padding row
     const float inv = out_scale(l, o_scale, bad);
-    if (wave == 0 && j == 0) store_lse(p, seq.q_row, i, m, l, bad);
-    uint16_t* out = p.out + seq.q_row * p.out_stride_token + i * p.out_stride_head + wave * T::kVDimsPerWarp + 16 * j;
+    const int64_t tok = qr.token(i);
+    const int head = qr.head(i);
+    if (wave == 0 && j == 0) store_lse(p, tok, head, m, l, bad);
+    uint16_t* out = p.out + tok * p.out_stride_token + head * p.out_stride_head + wave * T::kVDimsPerWarp + 16 * j;
 #pragma unroll
     for (int blk = 0; blk < 2; ++blk) {
       uint32_t w[8];
@@ -145,15 +154,14 @@ MLAGEN_DEVICE void write_result(const Params& p, const gfx9::f32x4 (&o)[2][4], f
       reinterpret_cast<uint4*>(out + 64 * blk)[1] = make_uint4(w[4], w[5], w[6], w[7]);
     }
   } else {
-    const int64_t slot = static_cast<int64_t>(b) * splits + split;
-    float* po = p.part_o + (slot * kHeads + i) * kVDim + wave * T::kVDimsPerWarp + 16 * j;
+    float* po = p.part_o + qr.part(i) * kVDim + wave * T::kVDimsPerWarp + 16 * j;
 #pragma unroll
     for (int blk = 0; blk < 2; ++blk)
 #pragma unroll
       for (int e = 0; e < 16; e += 4)
         *reinterpret_cast<float4*>(po + 64 * blk + e) =
             make_float4(o[blk][0][e / 4], o[blk][1][e / 4], o[blk][2][e / 4], o[blk][3][e / 4]);
-    if (wave == 0 && j == 0) p.part_ml[slot * kHeads + i] = split_state(m, l, bad);
+    if (wave == 0 && j == 0) p.part_ml[qr.part(i)] = split_state(m, l, bad);
   }
 }
 
@@ -164,13 +172,19 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
   f32x4* red = reinterpret_cast<f32x4*>(smem + 2 * T::kStageBytes);
 
   const int wave = threadIdx.x / MLAGEN_WARP_SIZE, lane = threadIdx.x % MLAGEN_WARP_SIZE;
-  const int i = lane & 15, j = lane >> 4;  // MFMA lane coordinates
-  const int b = blockIdx.y, split = blockIdx.x;
+  const int i = lane & 15, j = lane >> 4;  // MFMA lane coordinates: query row i of the block
+  constexpr bool kEarly = Shape::kRowsEndEarly;  // causal rows that may see no key of a tile
+  const BlockCoord bc = block_coord<Shape>(p);
   const int splits = Shape::splits(p);
-  const Sequence seq = Shape::sequence(p, b);
+  const Sequence seq = Shape::sequence(p, bc.b);
+  const QueryRows qr = query_rows<Shape>(p, bc, seq);
+  const int64_t q_tok = qr.token(i);  // row i's q
+  const int q_head = qr.head(i);
   const float q_given = given_q_scale<T::kQ>(p);  // early: its round trip overlaps the q loads
-  const SplitRange range = split_range(seq.len, split, splits, BN);
+  const SplitRange range = split_range(seq.len, bc.split, splits, BN);
   const int ntiles = range.ntiles, tok_begin = range.tok_begin, tok_end = range.tok_end;
+  // row i's keys end here (causal; the split's end when no row ends early)
+  const int row_end = kEarly ? min(tok_end, qr.key_end(i)) : tok_end;
   const KvRows<Shape::kPage> rows = KvRows<Shape::kPage>::of(p, seq);
   bool page_bad = false;  // a page id outside the cache (kv_rows.cuh)
   const uint8_t* kv = p.kv + seq.kv_begin * p.kv_stride_bytes;  // contiguous KV: the sequence's first row
@@ -180,7 +194,7 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
   if constexpr (T::kQ == QFormat::kBf16) {
     float a = 0.f;
 #pragma unroll
-    for (int c = 0; c < QC; ++c) a = fmaxf(a, absmax4(load_q4<T::kQ>(p, qq, seq.q_row, i, (wave * QC + c) * 16 + 4 * j)));
+    for (int c = 0; c < QC; ++c) a = fmaxf(a, absmax4(load_q4<T::kQ>(p, qq, q_tok, q_head, (wave * QC + c) * 16 + 4 * j)));
     q_shift = f16_q_shift(a);
   }
   const float q_mul = pow2i(-q_shift), s_unshift = pow2i(q_shift);
@@ -192,7 +206,7 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
   f16x4 qf[QC];
 #pragma unroll
   for (int c = 0; c < QC; ++c) {
-    const float4 v = load_q4<T::kQ>(p, qq, seq.q_row, i, (wave * QC + c) * 16 + 4 * j);
+    const float4 v = load_q4<T::kQ>(p, qq, q_tok, q_head, (wave * QC + c) * 16 + 4 * j);
     qf[c] = f32x4_to_f16x4(v.x * q_mul, v.y * q_mul, v.z * q_mul, v.w * q_mul);
   }
 
@@ -227,7 +241,7 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
   for (int blk = 0; blk < 2; ++blk)
 #pragma unroll
     for (int u = 0; u < 4; ++u) o[blk][u] = f32x4{0.f, 0.f, 0.f, 0.f};
-  float m = -INFINITY, l = 0.f;  // head i; l is this lane's share until the end
+  float m = -INFINITY, l = 0.f;  // row i; l is this lane's share until the end
 
   if (ntiles > 0) load_tile(0);
   for (int it = 0; it < ntiles; ++it) {
@@ -253,8 +267,8 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) s[mt] *= s_unshift;
     }
-    // ---- sum the 4 waves' partials, online softmax over tokens for head i ------------------
-    softmax_tile<T>(s, red, wave, lane, tok_end - (tok_begin + it * BN), s_scale, m, l, o);
+    // ---- sum the 4 waves' partials, online softmax over tokens for row i -------------------
+    softmax_tile<T, kEarly>(s, red, wave, lane, row_end - (tok_begin + it * BN), s_scale, m, l, o);
 
     // ---- O^T += V^T P^T over this wave's 128 dims, 32 tokens (two m16 tiles) a step ------
     // A = V^T: lane (i, j) reads 4 bytes (dims 4i..4i+3 of a 64-dim block) of tokens
@@ -282,7 +296,7 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
   }
 
   const bool bad = rows.block_any_bad(p, page_bad) || seq.bad;
-  write_result<T>(p, o, m, l, o_scale, seq, bad, b, split, splits, wave, lane);
+  write_result<T>(p, o, m, l, o_scale, qr, bad, splits, wave, lane);
 }
 
 // ---- wide path (bf16 and mxfp4 KV) ------------------------------------------------------
@@ -358,13 +372,19 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
   f32x4* red = reinterpret_cast<f32x4*>(smem + T::kStageBytes + T::kDecodedBytes);
 
   const int wave = threadIdx.x / MLAGEN_WARP_SIZE, lane = threadIdx.x % MLAGEN_WARP_SIZE;
-  const int i = lane & 15, j = lane >> 4;  // MFMA lane coordinates
-  const int b = blockIdx.y, split = blockIdx.x;
+  const int i = lane & 15, j = lane >> 4;  // MFMA lane coordinates: query row i of the block
+  constexpr bool kEarly = Shape::kRowsEndEarly;  // causal rows that may see no key of a tile
+  const BlockCoord bc = block_coord<Shape>(p);
   const int splits = Shape::splits(p);
-  const Sequence seq = Shape::sequence(p, b);
+  const Sequence seq = Shape::sequence(p, bc.b);
+  const QueryRows qr = query_rows<Shape>(p, bc, seq);
+  const int64_t q_tok = qr.token(i);  // row i's q
+  const int q_head = qr.head(i);
   const float q_given = given_q_scale<T::kQ>(p);  // early: its round trip overlaps the q loads
-  const SplitRange range = split_range(seq.len, split, splits, BN);
+  const SplitRange range = split_range(seq.len, bc.split, splits, BN);
   const int ntiles = range.ntiles, tok_begin = range.tok_begin, tok_end = range.tok_end;
+  // row i's keys end here (causal; the split's end when no row ends early)
+  const int row_end = kEarly ? min(tok_end, qr.key_end(i)) : tok_end;
   const KvRows<Shape::kPage> rows = KvRows<Shape::kPage>::of(p, seq);
   bool page_bad = false;  // a page id outside the cache (kv_rows.cuh)
   const uint8_t* kv = p.kv + seq.kv_begin * p.kv_stride_bytes;  // contiguous KV: the sequence's first row
@@ -379,11 +399,11 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
   for (int c = 0; c < QP; ++c)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float4 v = load_q4<T::kQ>(p, qq, seq.q_row, i, d0 + 32 * c + 8 * j + 4 * h);
+      const float4 v = load_q4<T::kQ>(p, qq, q_tok, q_head, d0 + 32 * c + 8 * j + 4 * h);
       qf[2 * c + h] = f32x4_to_bf16x4(v.x, v.y, v.z, v.w);
     }
   if constexpr (QC % 2) {
-    const float4 v = load_q4<T::kQ>(p, qq, seq.q_row, i, d0 + 32 * QP + 4 * j);
+    const float4 v = load_q4<T::kQ>(p, qq, q_tok, q_head, d0 + 32 * QP + 4 * j);
     qf[QC - 1] = f32x4_to_bf16x4(v.x, v.y, v.z, v.w);
   }
 
@@ -436,7 +456,7 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
   for (int blk = 0; blk < 2; ++blk)
 #pragma unroll
     for (int u = 0; u < 4; ++u) o[blk][u] = f32x4{0.f, 0.f, 0.f, 0.f};
-  float m = -INFINITY, l = 0.f;  // head i; l is this lane's share until the end
+  float m = -INFINITY, l = 0.f;  // row i; l is this lane's share until the end
 
   if (ntiles > 0) load_tile(0);
   for (int it = 0; it < ntiles; ++it) {
@@ -469,7 +489,7 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
       }
     }
 
-    softmax_tile<T>(s, red, wave, lane, valid, s_scale, m, l, o);
+    softmax_tile<T, kEarly>(s, red, wave, lane, row_end - tok0, s_scale, m, l, o);
 
     // ---- O^T += V^T P^T over this wave's 128 dims, 32 tokens (two m16 tiles) a step ------
 #pragma unroll
@@ -496,7 +516,7 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
   }
 
   const bool bad = rows.block_any_bad(p, page_bad) || seq.bad;
-  write_result<T>(p, o, m, l, /*o_scale=*/1.f, seq, bad, b, split, splits, wave, lane);
+  write_result<T>(p, o, m, l, /*o_scale=*/1.f, qr, bad, splits, wave, lane);
 }
 
 template <class T, class Shape>

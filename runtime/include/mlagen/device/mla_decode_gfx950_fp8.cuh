@@ -7,10 +7,11 @@
 //   O^T += V^T P^T : v_mfma_f32_16x16x32_fp8_fp8, 32 tokens a step: P rounded to e4m3, V the
 //                    first 512 bytes of the same K rows in LDS, byte-transposed in registers.
 //
-// Work split: a block (4 waves) owns a split of one sequence; the split's 32-token tiles go
+// Work split: a block (4 waves) owns a split of one sequence's row group (16 query rows,
+// shapes.cuh QueryRows: tokens x heads, causal among the tokens); the split's 32-token tiles go
 // to the waves round robin (tile k of the split to wave k % 4) and each wave runs the whole
 // algorithm on its own tiles: its own LDS stages, its own online softmax (m, l), its own O
-// (16 heads x 512 dims, 128 fp32 a lane). No cross-wave reduction per tile and no barrier
+// (16 rows x 512 dims, 128 fp32 a lane). No cross-wave reduction per tile and no barrier
 // in the loop; the 4 waves merge once at the end through LDS.
 //
 // Loads: each tile (32 rows x 576 B = 18 KB) goes global -> LDS by 18 global_load_lds_dwordx4
@@ -24,12 +25,12 @@
 // it by more than kLazyLog2 (wave-uniform test), so O (128 registers) is rescaled a handful of
 // times a sequence instead of every tile. P = 2^(s - m) <= 2^kLazyLog2 then fits e4m3 (448).
 //
-// Splits > 1: each split leaves (O, m, l) in the workspace and the last split of a sequence to
-// finish (an atomic counter per sequence, reset by that block) merges them: one launch.
+// Splits > 1: each split leaves (O, m, l) in the workspace and the last split of a (sequence,
+// row group) to finish (an atomic counter per pair, reset by that block) merges them: one launch.
 //
-// Query recipe (bf16 q): per head, q8 = RNE_e4m3(q * 448 / amax_h), amax_h = max |q| over the
-// head's 576 dims, S multiplied back by amax_h / 448 (finer than the reference's per-tensor
-// scale). fp8 q given with its per-tensor scale is used as it is; kFp8FromBf16 applies the
+// Query recipe (bf16 q): per query row (token, head), q8 = RNE_e4m3(q * 448 / amax_h), amax_h =
+// max |q| over the row's 576 dims, S multiplied back by amax_h / 448 (finer than the reference's
+// per-tensor scale). fp8 q given with its per-tensor scale is used as it is; kFp8FromBf16 applies the
 // per-tensor recipe of the reference (formats.cuh q_setup).
 #pragma once
 #include "mlagen/device/formats.cuh"
@@ -119,22 +120,23 @@ MLAGEN_DEVICE void issue_tile(const Rows& rows, const uint8_t* kv, int64_t strid
 }
 
 struct QOperands {
-  i32x8 nope[4];     // head i, dims 128c + 32j .. + 31
-  uint64_t rope[2];  // head i, dims 512 + 32c + 8j .. + 7
-  float s_scale;     // what S of head i is multiplied by (log2 domain)
+  i32x8 nope[4];     // query row i, dims 128c + 32j .. + 31
+  uint64_t rope[2];  // query row i, dims 512 + 32c + 8j .. + 7
+  float s_scale;     // what S of row i is multiplied by (log2 domain)
 };
 
+// Lane (i, j)'s part of query row i: q[tok][head] (QueryRows::token / head of row i).
 template <class T>
-MLAGEN_DEVICE QOperands load_q(const Params& p, const QQuant& qq, int64_t q_row, int i, int j, float kv_scale) {
+MLAGEN_DEVICE QOperands load_q(const Params& p, const QQuant& qq, int64_t tok, int head, int j, float kv_scale) {
   float4 v[36];
 #pragma unroll
   for (int c = 0; c < 4; ++c)
 #pragma unroll
-    for (int e = 0; e < 8; ++e) v[8 * c + e] = load_q4<T::kQ>(p, qq, q_row, i, 128 * c + 32 * j + 4 * e);
+    for (int e = 0; e < 8; ++e) v[8 * c + e] = load_q4<T::kQ>(p, qq, tok, head, 128 * c + 32 * j + 4 * e);
 #pragma unroll
   for (int c = 0; c < 2; ++c)
 #pragma unroll
-    for (int e = 0; e < 2; ++e) v[32 + 2 * c + e] = load_q4<T::kQ>(p, qq, q_row, i, 512 + 32 * c + 8 * j + 4 * e);
+    for (int e = 0; e < 2; ++e) v[32 + 2 * c + e] = load_q4<T::kQ>(p, qq, tok, head, 512 + 32 * c + 8 * j + 4 * e);
   float head_scale = 1.f, inv = 1.f;  // fp8 routes: v is already on the e4m3 grid
   if constexpr (T::kQ == QFormat::kBf16) {
     float a = 0.f;
@@ -184,9 +186,11 @@ MLAGEN_DEVICE void scores(const uint8_t* stage, const QOperands& q, int i, int j
   }
 }
 
-// Online softmax over the tile (tokens >= valid masked), then P^T as the PV B operand: byte
-// e < 4 = token 4e + j, byte e >= 4 = token 16 + 4(e - 4) + j, head i.
-template <class T>
+// Online softmax over the tile (tokens >= valid masked: this lane's row's keys in the tile),
+// then P^T as the PV B operand: byte e < 4 = token 4e + j, byte e >= 4 = token 16 + 4(e - 4) + j,
+// row i. kEarly (Shape::kRowsEndEarly): a row may have seen no key yet (m = -inf, every score -inf):
+// its alpha is 1 and its P 0 (exp_base), not NaN.
+template <class T, bool kEarly>
 MLAGEN_DEVICE uint64_t softmax_step(f32x4 (&s)[2], float s_scale, int valid, int j, WaveState& w) {
   float mx = -INFINITY;
 #pragma unroll
@@ -200,20 +204,19 @@ MLAGEN_DEVICE uint64_t softmax_step(f32x4 (&s)[2], float s_scale, int valid, int
   mx = fmaxf(mx, __shfl_xor(mx, 16));
   mx = fmaxf(mx, __shfl_xor(mx, 32));
   if (wave_any(mx > w.m + T::kLazyLog2)) {  // rare after the first tile
-    const float m_new = fmaxf(w.m, mx);
-    const float alpha = fast_exp2(w.m - m_new);  // 0 on the first tile
-    w.m = m_new;
+    const float alpha = online_step<kEarly>(w.m, mx);
     w.l *= alpha;
 #pragma unroll
     for (int blk = 0; blk < 8; ++blk)
 #pragma unroll
       for (int u = 0; u < 4; ++u) w.o[blk][u] *= alpha;
   }
+  const float base = step_base<kEarly>(w.m);
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
-      s[mt][r] = fast_exp2(s[mt][r] - w.m);
+      s[mt][r] = fast_exp2(s[mt][r] - base);
       w.l += s[mt][r];
     }
   return pack_fp8x4(s[0][0], s[0][1], s[0][2], s[0][3]) |
@@ -239,18 +242,21 @@ MLAGEN_DEVICE void accumulate_pv(const uint8_t* stage, uint64_t pb, int i, int j
   }
 }
 
-// Merges the splits' partials of sequence b for head h, dims d0 .. d0 + 31 (SplitMerge, as
-// mla_combine_kernel does) and writes the bf16 row; the thread of dims 0 .. 31 writes the LSE.
-MLAGEN_DEVICE void merge_splits(const Params& p, int b, int splits, int64_t q_row, int h, int d0, float o_scale) {
-  const int64_t slot0 = static_cast<int64_t>(b) * splits;
+// Merges the splits' partials of one query row, dims d0 .. d0 + 31 (SplitMerge, as
+// mla_combine_kernel does) and writes the bf16 row at (tok, head); the thread of dims 0 .. 31
+// writes the LSE. Split s's partial row is part0 + s * stride (QueryRows::part of split 0, and
+// the part rows a split holds: row_groups * 16).
+MLAGEN_DEVICE void merge_splits(const Params& p, int splits, int64_t part0, int64_t stride, int64_t tok, int head,
+                                int d0, float o_scale) {
   SplitMerge mg;
   float acc[32];
 #pragma unroll
   for (int e = 0; e < 32; ++e) acc[e] = 0.f;
   for (int s = 0; s < splits; ++s) {
     float a, wgt;
-    if (!mg.add(p.part_ml[(slot0 + s) * kHeads + h], a, wgt)) continue;  // no tokens: weight 0
-    const float4* po = reinterpret_cast<const float4*>(p.part_o + ((slot0 + s) * kHeads + h) * kVDim + d0);
+    const int64_t at = part0 + s * stride;
+    if (!mg.add(p.part_ml[at], a, wgt)) continue;  // no tokens: weight 0
+    const float4* po = reinterpret_cast<const float4*>(p.part_o + at * kVDim + d0);
 #pragma unroll
     for (int q = 0; q < 8; ++q) {
       const float4 v = po[q];
@@ -261,14 +267,14 @@ MLAGEN_DEVICE void merge_splits(const Params& p, int b, int splits, int64_t q_ro
     }
   }
   const float inv = mg.scale(o_scale);
-  uint4* out = reinterpret_cast<uint4*>(p.out + q_row * p.out_stride_token + h * p.out_stride_head + d0);
+  uint4* out = reinterpret_cast<uint4*>(p.out + tok * p.out_stride_token + head * p.out_stride_head + d0);
 #pragma unroll
   for (int q = 0; q < 4; ++q)
     out[q] = make_uint4(pack_bf16x2(acc[8 * q + 0] * inv, acc[8 * q + 1] * inv),
                         pack_bf16x2(acc[8 * q + 2] * inv, acc[8 * q + 3] * inv),
                         pack_bf16x2(acc[8 * q + 4] * inv, acc[8 * q + 5] * inv),
                         pack_bf16x2(acc[8 * q + 6] * inv, acc[8 * q + 7] * inv));
-  if (d0 == 0 && p.lse) p.lse[q_row * p.lse_stride_token + h] = mg.lse();
+  if (d0 == 0 && p.lse) p.lse[tok * p.lse_stride_token + head] = mg.lse();
 }
 }  // namespace native_fp8
 #endif  // __gfx950__
@@ -280,12 +286,17 @@ MLAGEN_DEVICE void decode_fp8_native(const Params& p, uint8_t* /*smem: unused, s
   using namespace native_fp8;
   constexpr int W = T::kWarps, BN = T::kBlockN;
   const int wave = threadIdx.x / MLAGEN_WARP_SIZE, lane = threadIdx.x % MLAGEN_WARP_SIZE;
-  const int i = lane & 15, j = lane >> 4;  // MFMA lane coordinates
-  const int b = blockIdx.y, split = blockIdx.x;
+  const int i = lane & 15, j = lane >> 4;  // MFMA lane coordinates: query row i of the block
+  constexpr bool kEarly = Shape::kRowsEndEarly;  // causal rows that may see no key of a tile
+  const BlockCoord bc = block_coord<Shape>(p);
+  const int b = bc.b, split = bc.split;
   const int splits = Shape::splits(p);
   const Sequence seq = Shape::sequence(p, b);
+  const QueryRows qr = query_rows<Shape>(p, bc, seq);
   const float q_given = given_q_scale<T::kQ>(p);
   const SplitRange range = split_range(seq.len, split, splits, BN);
+  // row i's keys end here (causal; the split's end when no row ends early)
+  const int row_end = kEarly ? min(range.tok_end, qr.key_end(i)) : range.tok_end;
   const KvRows<Shape::kPage> rows = KvRows<Shape::kPage>::of(p, seq);
   bool page_bad = false;  // a page id outside the cache (kv_rows.cuh)
   const uint8_t* kv = p.kv + seq.kv_begin * p.kv_stride_bytes;  // contiguous KV: the sequence's first row
@@ -317,11 +328,11 @@ MLAGEN_DEVICE void decode_fp8_native(const Params& p, uint8_t* /*smem: unused, s
   };
   issue_pair(0);  // in flight while q is loaded and quantized
   const QQuant qq = q_setup<T::kQ>(p, q_given);
-  const QOperands q = load_q<T>(p, qq, seq.q_row, i, j, kv_scale);
+  const QOperands q = load_q<T>(p, qq, qr.token(i), qr.head(i), j, kv_scale);
   auto step = [&](int k, const uint8_t* stage) {
     f32x4 s[2];
     scores(stage, q, i, j, s);
-    const uint64_t pb = softmax_step<T>(s, q.s_scale, range.tok_end - tok0_of(k), j, w);
+    const uint64_t pb = softmax_step<T, kEarly>(s, q.s_scale, row_end - tok0_of(k), j, w);
     accumulate_pv(stage, pb, i, j, w);
   };
   for (int k = 0; k < ntiles; k += 2) {
@@ -333,12 +344,12 @@ MLAGEN_DEVICE void decode_fp8_native(const Params& p, uint8_t* /*smem: unused, s
   const bool bad = rows.block_any_bad(p, page_bad) || seq.bad;  // every wave's tiles are issued
 
   // ---- merge the 4 waves (LDS: the stages are free once every wave is past its loop) ----
-  auto o_slot = [](int v) {  // wave v's O, [head][512] fp32
+  auto o_slot = [](int v) {  // wave v's O, [row][512] fp32
     return reinterpret_cast<float*>(v < 2 ? lds_stage0 : lds_stage1) + (v % 2) * kHeads * kVDim;
   };
   w.l += __shfl_xor(w.l, 16);
   w.l += __shfl_xor(w.l, 32);
-  float* ml = reinterpret_cast<float*>(lds_ml);  // [wave][head] (m, l)
+  float* ml = reinterpret_cast<float*>(lds_ml);  // [wave][row] (m, l)
   __syncthreads();
   if (j == 0) {
     ml[2 * (wave * kHeads + i)] = w.m;
@@ -363,8 +374,11 @@ MLAGEN_DEVICE void decode_fp8_native(const Params& p, uint8_t* /*smem: unused, s
             make_float4(w.o[blk][0][r] * f, w.o[blk][1][r] * f, w.o[blk][2][r] * f, w.o[blk][3][r] * f);
   }
   __syncthreads();
-  // thread t: head h = t / 16, dims d0 .. d0 + 31
+  // thread t: the block's query row h = t / 16, dims d0 .. d0 + 31
   const int h = threadIdx.x / 16, d0 = (threadIdx.x % 16) * 32;
+  const bool owns = qr.owns(h);  // else a padding row: computed, never written
+  const int64_t tok = qr.token(h);
+  const int head = qr.head(h);
   const float mh = head_max(h);
   float lh = 0.f;
 #pragma unroll
@@ -386,29 +400,32 @@ MLAGEN_DEVICE void decode_fp8_native(const Params& p, uint8_t* /*smem: unused, s
 
   if (splits == 1) {
     const float inv = out_scale(lh, kv_scale, bad);
-    if (threadIdx.x % 16 == 0) store_lse(p, seq.q_row, h, mh, lh, bad);
-    uint4* out = reinterpret_cast<uint4*>(p.out + seq.q_row * p.out_stride_token + h * p.out_stride_head + d0);
+    if (!owns) return;
+    if (threadIdx.x % 16 == 0) store_lse(p, tok, head, mh, lh, bad);
+    uint4* out = reinterpret_cast<uint4*>(p.out + tok * p.out_stride_token + head * p.out_stride_head + d0);
 #pragma unroll
     for (int e = 0; e < 32; e += 8)
       out[e / 8] = make_uint4(pack_bf16x2(acc[e] * inv, acc[e + 1] * inv), pack_bf16x2(acc[e + 2] * inv, acc[e + 3] * inv),
                               pack_bf16x2(acc[e + 4] * inv, acc[e + 5] * inv), pack_bf16x2(acc[e + 6] * inv, acc[e + 7] * inv));
     return;
   }
-  // ---- a split's partial; the last split of the sequence to finish merges them ----------
-  const int64_t slot = static_cast<int64_t>(b) * splits + split;
-  float4* po = reinterpret_cast<float4*>(p.part_o + (slot * kHeads + h) * kVDim + d0);
+  // ---- a split's partial; the last split of the (sequence, row group) to finish merges them
+  float4* po = reinterpret_cast<float4*>(p.part_o + qr.part(h) * kVDim + d0);  // padding rows too: harmless
 #pragma unroll
   for (int e = 0; e < 32; e += 4) po[e / 4] = make_float4(acc[e], acc[e + 1], acc[e + 2], acc[e + 3]);
-  if (threadIdx.x % 16 == 0) p.part_ml[slot * kHeads + h] = split_state(mh, lh, bad);
+  if (threadIdx.x % 16 == 0) p.part_ml[qr.part(h)] = split_state(mh, lh, bad);
   __threadfence();  // release: this block's partial before its arrival
   __syncthreads();
   int* last = reinterpret_cast<int*>(lds_ml + T::kMlBytes);
-  if (threadIdx.x == 0) *last = atomicAdd(p.split_counters + b, 1u) == static_cast<uint32_t>(splits - 1);
+  uint32_t* const counter = p.split_counters + static_cast<int64_t>(b) * Shape::row_groups(p) + bc.group;
+  if (threadIdx.x == 0) *last = atomicAdd(counter, 1u) == static_cast<uint32_t>(splits - 1);
   __syncthreads();
   if (!*last) return;
   __threadfence();  // acquire: every split's partial
-  merge_splits(p, b, splits, seq.q_row, h, d0, kv_scale);
-  if (threadIdx.x == 0) p.split_counters[b] = 0u;  // ready for the next launch (and graph replay)
+  // split s's row h: qr.part(h) + (s - split) * part_stride (shapes.cuh: [batch, splits, row_groups, 16])
+  const int64_t part_stride = static_cast<int64_t>(Shape::row_groups(p)) * kHeads;
+  if (owns) merge_splits(p, splits, qr.part(h) - split * part_stride, part_stride, tok, head, d0, kv_scale);
+  if (threadIdx.x == 0) *counter = 0u;  // ready for the next launch (and graph replay)
 #else
   (void)p;
   __builtin_trap();  // gfx950 only: the catalog never pairs this tiling with another arch
