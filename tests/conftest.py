@@ -93,7 +93,21 @@ def pytest_report_header(config):
     return f"mlagen under test: {spec.origin if spec else 'not importable'}" + (" (installed)" if INSTALLED else "")
 
 
+def _mlagen_origin():
+    import importlib.util
+    spec = importlib.util.find_spec("mlagen")
+    return spec.origin if spec else None
+
+
+def pytest_sessionstart(session):
+    """MLAGEN_TEST_INSTALLED=1 must test the installed package: stop if the checkout's is found."""
+    origin = _mlagen_origin()
+    if INSTALLED and origin and os.path.abspath(origin).startswith(os.path.join(ROOT, "runtime") + os.sep):
+        pytest.exit(f"MLAGEN_TEST_INSTALLED=1 but mlagen comes from the checkout ({origin}): unset PYTHONPATH", 2)
+
+
 def pytest_terminal_summary(terminalreporter):
+    terminalreporter.write_line(f"mlagen under test: {_mlagen_origin()}" + (" (installed)" if INSTALLED else ""))
     c = _gpu_counts
     terminalreporter.write_line(
         f"GPU tests: {c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped, "
