@@ -121,6 +121,24 @@ struct TileIds {
     return (static_cast<int64_t>(ok ? pg : 0) << rows.shift) + (t & ((1 << rows.shift) - 1));
   }
 };
+
+// The mma.sync bodies' tile issue: copies(row_ptr) with row_ptr(r) the address of the tile's
+// row r: one base a tile when the tile is one run of rows (then the next tile's page id is
+// prefetched into L1), else the page ids loaded a tile ago (`next_ids`, refilled here for the
+// next tile when `more`). The branch stays outside the copy loop.
+template <int kBlockN, class Rows, class Copies>
+MLAGEN_DEVICE void issue_tile_rows(const Params& p, const Rows& rows, bool per_row, TileIds<kBlockN>& next_ids,
+                                   int tok0, int tok_end, bool more, int lane, bool& bad, Copies&& copies) {
+  if (!per_row) {
+    const uint8_t* base = rows.ptr(tok0, bad);
+    copies([&](int r) { return base + r * p.kv_stride_bytes; });
+    rows.template prefetch_ids<kBlockN>(tok0 + kBlockN, tok_end, threadIdx.x);
+  } else {
+    const TileIds<kBlockN> ids = next_ids;
+    if (more) next_ids.load(rows, tok0 + kBlockN, tok_end, lane);
+    copies([&](int r) { return p.kv + ids.row(rows, tok0, r, bad) * p.kv_stride_bytes; });
+  }
+}
 #endif
 
 

@@ -154,7 +154,7 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
     const int tok0 = tok_begin + tile * BN;
     const uint32_t dst = smem_kv + stage * T::kStageBytes;
     // one run of rows (contiguous, or pages of a tile or more): one base a tile; else a row
-    // address each (the branch outside the copy loop: compile-time for all but the generic kernel)
+    // address each (kv_rows.cuh issue_tile_rows; compile-time for all but the generic kernel)
     auto copies = [&](auto row_ptr) {
 #pragma unroll
       for (int i = 0; i < T::kCopiesPerThread; ++i) {
@@ -165,15 +165,7 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
         cp_async_16(dst + row * T::kRowBytes + col * 16, ok ? src + col * 16 : p.kv, ok);
       }
     };
-    if (!per_row) {
-      const uint8_t* base = rows.ptr(tok0, page_bad);
-      copies([&](int row) { return base + row * p.kv_stride_bytes; });
-    } else {  // pages shorter than a tile: the ids loaded a tile ago
-      const TileIds<BN> ids = next_ids;
-      if (tile + 1 < ntiles) next_ids.load(rows, tok0 + BN, tok_end, lane);
-      copies([&](int row) { return p.kv + ids.row(rows, tok0, row, page_bad) * p.kv_stride_bytes; });
-    }
-    if (!per_row) rows.template prefetch_ids<BN>(tok0 + BN, tok_end, threadIdx.x);
+    issue_tile_rows<BN>(p, rows, per_row, next_ids, tok0, tok_end, tile + 1 < ntiles, lane, page_bad, copies);
   };
 
   float o[4][4][4];  // [32-dim group][n8 tile j][fragment]; see write_out for the dim map
@@ -372,7 +364,7 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
     constexpr int kRowPitch = kMx ? kMxRowBytes : T::kRowBytes;
     // bf16 tiles are 18 copies a thread: a rolled loop keeps 18 source pointers out of
     // the registers (unrolled, the kernel spilled at 255 registers). One run of rows: one base a
-    // tile; else a row address each (the branch outside the copy loop, as in decode_fp8).
+    // tile; else a row address each (kv_rows.cuh issue_tile_rows, as in decode_fp8).
     auto copies = [&](auto row_ptr) {
 #pragma unroll 2
       for (int i = 0; i < T::kCopiesPerThread; ++i) {
@@ -385,15 +377,7 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
         }
       }
     };
-    if (!per_row) {
-      const uint8_t* base = rows.ptr(tok0, page_bad);
-      copies([&](int row) { return base + row * p.kv_stride_bytes; });
-    } else {  // pages shorter than a tile: the ids loaded a tile ago
-      const TileIds<BN> ids = next_ids;
-      if (tile + 1 < ntiles) next_ids.load(rows, tok0 + BN, tok_end, lane);
-      copies([&](int row) { return p.kv + ids.row(rows, tok0, row, page_bad) * p.kv_stride_bytes; });
-    }
-    if (!per_row) rows.template prefetch_ids<BN>(tok0 + BN, tok_end, threadIdx.x);
+    issue_tile_rows<BN>(p, rows, per_row, next_ids, tok0, tok_end, tile + 1 < ntiles, lane, page_bad, copies);
     if constexpr (kMx) {  // the scale rows of the tile's tokens, through an aligned window
       uint8_t* win = smem + stage * T::kStageBytes + MxStage<BN>::kDataBytes;
       if (rows.template tile_contiguous<BN>())
