@@ -109,7 +109,8 @@ def test_op_in_a_cuda_graph():
 
 
 def _rows_args(heads, q_len, paged, seed):
-    """heads x q_len query rows; paged: a random block table over pages of 64."""
+    """heads x q_len query rows; paged: a random block table over pages of 64 ("indices":
+    the same pages in FlashInfer's form)."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     batch, kv_len = 3, 640
     kv = torch.randn((batch * kv_len, 1, 576), generator=g, device="cuda").to(torch.bfloat16)
@@ -121,10 +122,16 @@ def _rows_args(heads, q_len, paged, seed):
         return (q, fp8, scale, qo, kvp, "fp8", "bf16", kv_len, SM, None, q_len)
     table = torch.randperm(batch * kv_len // 64, generator=g, device="cuda").to(torch.int32).view(batch, -1)
     lens = torch.full((batch,), kv_len, dtype=torch.int32, device="cuda")
+    if paged == "indices":
+        page_ip = torch.arange(0, (batch + 1) * table.shape[1], table.shape[1], dtype=torch.int32, device="cuda")
+        last = torch.full((batch,), 64, dtype=torch.int32, device="cuda")
+        return (q, fp8.view(-1, 64, 1, 576), scale, qo, page_ip, "fp8", "bf16", kv_len, SM, None, q_len, None, None, 64,
+                table.reshape(-1).contiguous(), last)
     return (q, fp8.view(-1, 64, 1, 576), scale, qo, None, "fp8", "bf16", kv_len, SM, None, q_len, table, lens, 64)
 
 
-@pytest.mark.parametrize("heads,q_len,paged", [(128, 1, False), (8, 2, True), (32, 4, False), (16, 3, True)])
+@pytest.mark.parametrize("heads,q_len,paged", [(128, 1, False), (8, 2, True), (32, 4, False), (16, 3, True),
+                                               (64, 2, "indices")])
 def test_lse_op_rows_and_pages_match_decode_and_pass_opcheck(heads, q_len, paged):
     seed = fresh_seed()
     args = _rows_args(heads, q_len, paged, seed)
@@ -133,6 +140,8 @@ def test_lse_op_rows_and_pages_match_decode_and_pass_opcheck(heads, q_len, paged
     q, kv, scale, qo, kvp = args[:5]
     config = {"batch_size": qo.numel() - 1, "kv_seq_len": args[7], "sm_scale": SM}
     kw = dict(page_table=args[11], kv_lens=args[12], page_size=64) if paged else {}
+    if paged == "indices":
+        kw = dict(kv_indices=args[14], kv_last_page_len=args[15], page_size=64)
     want, want_lse = mlagen.decode(q, {"fp8": (kv, scale)}, qo, kvp, config, kv_format="fp8", q_len=q_len,
                                    return_lse=True, **kw)
     torch.cuda.synchronize()

@@ -21,7 +21,9 @@ into what an operator schema can hold:
   sm_scale   the softmax scale (1/sqrt(576) for DeepSeek MLA)
   q_scale    fp8 q given quantized: (1,) float32, else None
   q_len      query tokens a sequence, 1..4 (0: total_q / batch); causal among them
-  page_table (batch, max_pages) int32 block table, kv_lens (batch,) int32, page_size: paged KV
+  page_table (batch, max_pages) int32 block table, kv_lens (batch,) int32, page_size: paged KV;
+             or FlashInfer's form: kv_indices (pages,) int32 with kv_indptr the page offsets and
+             kv_last_page_len (batch,) int32
 
 decode returns (total_q, num_heads, 512) bf16; decode_lse also the LSE (total_q, num_heads)
 float32 (natural log of the scaled scores). Errors are mlagen.MlagenError, naming the field.
@@ -38,10 +40,11 @@ _DV = 512
 
 
 def _call(q, kv, kv_scale, qo_indptr, kv_indptr, kv_format, q_dtype, kv_seq_len, sm_scale, q_scale, q_len,
-          page_table, kv_lens, page_size, return_lse):
+          page_table, kv_lens, page_size, kv_indices, kv_last_page_len, return_lse):
     config = {"batch_size": qo_indptr.numel() - 1, "kv_seq_len": kv_seq_len or None, "sm_scale": sm_scale}
     entry = kv if kv_format == "bf16" else (kv, kv_scale)
-    paged = dict(page_table=page_table, kv_lens=kv_lens, page_size=page_size) if page_size else {}
+    paged = dict(page_table=page_table, kv_lens=kv_lens, page_size=page_size, kv_indices=kv_indices,
+                 kv_last_page_len=kv_last_page_len) if page_size else {}
     return decode(q, {kv_format: entry}, qo_indptr, kv_indptr, config, kv_format=kv_format, q_dtype=q_dtype,
                   q_scale=q_scale, q_len=q_len or None, return_lse=return_lse, **paged)
 
@@ -50,18 +53,21 @@ def _call(q, kv, kv_scale, qo_indptr, kv_indptr, kv_format, q_dtype, kv_seq_len,
 def _decode_op(q: torch.Tensor, kv: torch.Tensor, kv_scale: Optional[torch.Tensor], qo_indptr: torch.Tensor,
                kv_indptr: Optional[torch.Tensor], kv_format: str, q_dtype: str, kv_seq_len: int, sm_scale: float,
                q_scale: Optional[torch.Tensor] = None, q_len: int = 0, page_table: Optional[torch.Tensor] = None,
-               kv_lens: Optional[torch.Tensor] = None, page_size: int = 0) -> torch.Tensor:
+               kv_lens: Optional[torch.Tensor] = None, page_size: int = 0, kv_indices: Optional[torch.Tensor] = None,
+               kv_last_page_len: Optional[torch.Tensor] = None) -> torch.Tensor:
     return _call(q, kv, kv_scale, qo_indptr, kv_indptr, kv_format, q_dtype, kv_seq_len, sm_scale, q_scale, q_len,
-                 page_table, kv_lens, page_size, False)
+                 page_table, kv_lens, page_size, kv_indices, kv_last_page_len, False)
 
 
 @torch.library.custom_op("mlagen::decode_lse", mutates_args=(), device_types="cuda")
 def _decode_lse_op(q: torch.Tensor, kv: torch.Tensor, kv_scale: Optional[torch.Tensor], qo_indptr: torch.Tensor,
                    kv_indptr: Optional[torch.Tensor], kv_format: str, q_dtype: str, kv_seq_len: int, sm_scale: float,
                    q_scale: Optional[torch.Tensor] = None, q_len: int = 0, page_table: Optional[torch.Tensor] = None,
-                   kv_lens: Optional[torch.Tensor] = None, page_size: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                   kv_lens: Optional[torch.Tensor] = None, page_size: int = 0,
+                   kv_indices: Optional[torch.Tensor] = None,
+                   kv_last_page_len: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     return _call(q, kv, kv_scale, qo_indptr, kv_indptr, kv_format, q_dtype, kv_seq_len, sm_scale, q_scale, q_len,
-                 page_table, kv_lens, page_size, True)
+                 page_table, kv_lens, page_size, kv_indices, kv_last_page_len, True)
 
 
 def _check_q(q):
@@ -71,14 +77,14 @@ def _check_q(q):
 
 @_decode_op.register_fake
 def _decode_fake(q, kv, kv_scale, qo_indptr, kv_indptr, kv_format, q_dtype, kv_seq_len, sm_scale, q_scale=None,
-                 q_len=0, page_table=None, kv_lens=None, page_size=0):
+                 q_len=0, page_table=None, kv_lens=None, page_size=0, kv_indices=None, kv_last_page_len=None):
     _check_q(q)
     return q.new_empty((q.shape[0], q.shape[1], _DV), dtype=torch.bfloat16)
 
 
 @_decode_lse_op.register_fake
 def _decode_lse_fake(q, kv, kv_scale, qo_indptr, kv_indptr, kv_format, q_dtype, kv_seq_len, sm_scale, q_scale=None,
-                     q_len=0, page_table=None, kv_lens=None, page_size=0):
+                     q_len=0, page_table=None, kv_lens=None, page_size=0, kv_indices=None, kv_last_page_len=None):
     _check_q(q)
     return (q.new_empty((q.shape[0], q.shape[1], _DV), dtype=torch.bfloat16),
             q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32))
