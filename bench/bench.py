@@ -718,6 +718,37 @@ def make_chart(results: dict, path: str) -> None:
 # same block table
 # --------------------------------------------------------------------------------------
 
+def check_and_time(ctx, row: dict, calls: dict, reference) -> dict:
+    """The columns of one shape: each called once and judged against reference(col) (rel_l2 over
+    the tolerance is an error, an exception too), then the ones that gave an answer timed
+    interleaved, warm-ups first, one flushed call a sample. Fills row["columns"] / ["kernels"] /
+    ["errors"]; returns the live columns' medians."""
+    torch, mg, timer, args = ctx.torch, ctx.mlagen, ctx.timer, ctx.args
+    for col, fn in calls.items():
+        try:
+            out = fn()
+            torch.cuda.synchronize()
+            e = C.rel_l2(out, reference(col))
+            row["columns"][col] = dict(rel_err=e)
+            if not col.startswith("FlashMLA"):
+                row["kernels"][col] = (mg.last_kernel() or {}).get("name")
+            if e > args.tol:
+                row["errors"].append(f"{col}: rel_l2 {e:.2e} > {args.tol}")
+        except Exception as e:  # noqa: BLE001
+            row["errors"].append(f"{col}: {err_text(e)}")
+    live = {c: fn for c, fn in calls.items() if "rel_err" in row["columns"].get(c, {})}
+    times = {c: [] for c in live}
+    for _ in range(args.warmup):
+        for fn in live.values():
+            fn()
+    for _ in range(args.reps):
+        for c, fn in live.items():
+            times[c].append(timer.once(fn))
+    for c, t in times.items():
+        row["columns"][c].update(stats(t))
+    return {c: row["columns"][c]["median_us"] for c in live}
+
+
 def import_flashmla():
     """FlashMLA's package from .peers/flashmla (or ../shared/peers/flashmla), or (None, why)."""
     for d in (os.path.join(C.REPO, ".peers", "flashmla"), os.path.join(os.path.dirname(C.REPO), "shared", "peers",
@@ -782,7 +813,9 @@ def bench_paged(ctx, shapes) -> list[dict]:
         # correctness: every column against float32 on the values it reads (the same logical rows)
         refs = {}
 
-        def reference(fmt, x):
+        def reference(col):
+            fmt = "fp8" if col.startswith("fp8") else "bf16"
+            x = inps[1] if col.endswith("page 1") else inps[64]
             key = (fmt, id(x))
             if key not in refs:
                 kvs = x["contig"]["bf16"].float() if fmt == "bf16" else x["contig"]["fp8"][0].float() * x["contig"]["fp8"][1]
@@ -791,32 +824,8 @@ def bench_paged(ctx, shapes) -> list[dict]:
                 refs[key] = torch.einsum("bhn,bnd->bhd", p, kvs[..., :512])
             return refs[key]
 
-        for col, fn in calls.items():
-            try:
-                out = fn()
-                torch.cuda.synchronize()
-                fmt = "fp8" if col.startswith("fp8") else "bf16"
-                x = inps[1] if col.endswith("page 1") else inps[64]
-                e = C.rel_l2(out, reference(fmt, x))
-                row["columns"][col] = dict(rel_err=e)
-                if not col.startswith("FlashMLA"):
-                    row["kernels"][col] = (mg.last_kernel() or {}).get("name")
-                if e > args.tol:
-                    row["errors"].append(f"{col}: rel_l2 {e:.2e} > {args.tol}")
-            except Exception as e:  # noqa: BLE001
-                row["errors"].append(f"{col}: {err_text(e)}")
+        med = check_and_time(ctx, row, calls, reference)
         refs.clear()
-        live = {c: f for c, f in calls.items() if c in row["columns"] and "rel_err" in row["columns"][c]}
-        times = {c: [] for c in live}
-        for _ in range(args.warmup):
-            for fn in live.values():
-                fn()
-        for _ in range(args.reps):
-            for c, fn in live.items():
-                times[c].append(timer.once(fn))
-        for c, t in times.items():
-            row["columns"][c].update(stats(t))
-        med = {c: row["columns"][c].get("median_us") for c in live}
         for fmt in ("fp8", "bf16"):
             base = med.get(f"{fmt} contiguous")
             for pg in (64, 1):
@@ -824,13 +833,13 @@ def bench_paged(ctx, shapes) -> list[dict]:
                 if base and v:
                     row["columns"][f"{fmt} page {pg}"]["vs_contiguous"] = v / base
         fl = med.get("FlashMLA bf16 page 64")
-        for c in live:
-            if fl and med.get(c) and not c.startswith("FlashMLA"):
+        for c in med:
+            if fl and not c.startswith("FlashMLA"):
                 row["columns"][c]["speedup_vs_flashmla"] = fl / med[c]
-        log(f"[paged {name}] " + "  ".join(f"{c} {med[c]:.1f}" for c in live) +
+        log(f"[paged {name}] " + "  ".join(f"{c} {med[c]:.1f}" for c in med) +
             ("" if not row["errors"] else "  ERRORS: " + "; ".join(row["errors"])))
         rows.append(row)
-        del inps, calls, live
+        del inps, calls
         torch.cuda.empty_cache()
     return rows
 
@@ -920,34 +929,18 @@ def bench_rows(ctx, cases) -> list[dict]:
                                                  softmax_scale=576 ** -0.5, causal=q_len > 1)[0].reshape(-1, heads, 512)
             calls["FlashMLA bf16"] = (("bf16", False), flashmla)
         refs = {}
-        for col, (fmt_, fn) in calls.items():
-            try:
-                out = fn()
-                torch.cuda.synchronize()
-                if fmt_ not in refs:
-                    refs[fmt_] = rows_reference(torch, x, fmt_[0], batch, kv_len, heads, q_len, q8=fmt_[1])
-                e = C.rel_l2(out, refs[fmt_])
-                row["columns"][col] = dict(rel_err=e)
-                if not col.startswith("FlashMLA"):
-                    row["kernels"][col] = (mg.last_kernel() or {}).get("name")
-                if e > args.tol:
-                    row["errors"].append(f"{col}: rel_l2 {e:.2e} > {args.tol}")
-            except Exception as e:  # noqa: BLE001
-                row["errors"].append(f"{col}: {err_text(e)}")
+
+        def reference(col):  # float32, on the values the column reads
+            key = calls[col][0]
+            if key not in refs:
+                refs[key] = rows_reference(torch, x, key[0], batch, kv_len, heads, q_len, q8=key[1])
+            return refs[key]
+
+        live = check_and_time(ctx, row, {c: fn for c, (_, fn) in calls.items()}, reference)
         refs.clear()
-        live = {c: fn for c, (_, fn) in calls.items() if "rel_err" in row["columns"].get(c, {})}
-        times = {c: [] for c in live}
-        for _ in range(args.warmup):
-            for fn in live.values():
-                fn()
-        for _ in range(args.reps):
-            for c, fn in live.items():
-                times[c].append(timer.once(fn))
         flop = 2.0 * batch * q_len * heads * kv_len * (576 + 512)
-        for c, t in times.items():
-            st = stats(t)
-            row["columns"][c].update(st)
-            row["columns"][c]["tflops"] = flop / (st["median_us"] * 1e-6) / 1e12
+        for c in live:
+            row["columns"][c]["tflops"] = flop / (row["columns"][c]["median_us"] * 1e-6) / 1e12
         fl = (row["columns"].get("FlashMLA bf16") or {}).get("median_us")
         for c in live:
             if fl and not c.startswith("FlashMLA"):
