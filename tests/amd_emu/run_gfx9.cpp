@@ -8,7 +8,11 @@
 // Query rows: 16 heads x 1 token, and (run_rows_format) 8 / 32 / 128 heads and 1..4 query tokens
 // a sequence, causal among them (the reference applies the rule: token t of n sees the first
 // kv_len - n + 1 + t rows; none: output 0, LSE -inf).
-// Usage: emu [format substring] [base|rows]. Built and run by tests/test_amd_emulation.py for gfx950 (-D__gfx950__) and gfx942.
+// Then (run_q8_format) a bf16 q that the kernel quantizes to fp8 (q_amax_kernel first, as
+// launch.cuh does), and (run_bad_qo_format) a qo_indptr that disagrees with several query tokens.
+// Usage: emu [format substring] [base|rows|qo|q8]. Built and run by tests/test_amd_emulation.py
+// for gfx950 (-D__gfx950__) and gfx942 (-D__gfx942__: formats.cuh's e4m3fnuz range for a q
+// quantized here).
 // The KV tensor and the mxfp4 scale tensor end at a PROT_NONE page: a kernel that reads
 // past either (the scale window's last, partial chunk included, or a bad page) crashes the run.
 // Prints one line a case; exit status 1 if any case is off.
@@ -21,10 +25,21 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <string>
 #include <thread>
 #include <type_traits>
 #include <vector>
 
+// q_amax_kernel (formats.cuh) reduces its waves' maxima through a function-scope __shared__
+// array. emu_hip.h defines __shared__ as nothing (the decode kernels' LDS is `smem` or
+// namespace-scope statics), which would make that array one per thread; formats.cuh is
+// therefore included first with __shared__ = static: one array for the block's threads
+// (blocks run one at a time). No other __shared__ in the headers formats.cuh pulls in.
+#undef __shared__
+#define __shared__ static
+#include "mlagen/device/formats.cuh"
+#undef __shared__
+#define __shared__
 #include "mlagen/device/mla_decode_gfx9.cuh"
 
 namespace mlagen::device {
@@ -37,8 +52,10 @@ using namespace mlagen::device;
 // 2-core CI box is mostly thread creation and barrier wake-ups). Between two blocks every
 // thread meets at `between`, whose completion step gives the next block fresh barriers and
 // __syncthreads_or words and poisons the LDS: nothing may read LDS it did not write.
+// reverse: the blocks run last to first (a GPU runs them in any order: a block that writes
+// rows another block owns shows when it runs after that block).
 template <class Kernel>
-void launch(Kernel kernel, int gx, int gy, int threads, const Params& p) {
+void launch(Kernel kernel, int gx, int gy, int threads, const Params& p, bool reverse = false) {
   const int nblocks = gx * gy;
   if (nblocks <= 0) return;
   EmuBlock blk;
@@ -63,7 +80,9 @@ void launch(Kernel kernel, int gx, int gy, int threads, const Params& p) {
       threadIdx.x = t;
       emu_lane = t % 64;
       emu_wave = t / 64;
-      for (int k = 0; k < nblocks; ++k) {
+      gridDim.x = gx, gridDim.y = gy, gridDim.z = 1;
+      for (int k0 = 0; k0 < nblocks; ++k0) {
+        const int k = reverse ? nblocks - 1 - k0 : k0;
         blockIdx.x = k % gx;
         blockIdx.y = k / gx;
         emu_or_calls = 0;  // the block's __syncthreads_or calls (see emu_hip.h)
@@ -130,6 +149,19 @@ static uint8_t fp8_encode(float x) {
   return static_cast<uint8_t>(best);
 }
 
+// x (|x| <= kHostFp8Max) rounded to the arch's e4m3 grid, ties to the even code (= round to
+// nearest even: a code's low bit is its mantissa's), as a float: the conversion of a bf16 q
+// that the library quantizes (formats.cuh round_fp8; torch's .to(float8)).
+static float fp8_round_rne(float x) {
+  float best = 0.f, err = INFINITY;
+  for (int c = 0; c < 128; ++c) {  // magnitudes
+    if (fp8_is_nan(c)) continue;
+    const float v = emu_fp8_decode(c), e = std::fabs(v - std::fabs(x));
+    if (e < err || (e == err && (c & 1) == 0)) err = e, best = v;
+  }
+  return std::copysign(best, x);
+}
+
 static double e2m1(uint32_t nib) {
   static const double mag[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
   return (nib & 8) ? -mag[nib & 7] : mag[nib & 7];
@@ -157,6 +189,10 @@ struct Case {
   int heads = 16;           // query heads (8..128); the block owns 16 query rows (shapes.cuh QueryRows)
   std::vector<int> qlens;   // query tokens of each sequence (empty: 1 each); causal among them
   int q_len = 0;            // Params::q_len: the most a sequence has (0: the largest of qlens)
+  // qo_indptr entries (index, value) set after it is built from qlens: what the kernel is told
+  // then disagrees with where the rows are (qlens); the kernel must flag it (shapes.cuh read_query)
+  std::vector<std::pair<int, int32_t>> qo_set;
+  bool reverse = false;     // every grid's blocks run last to first
 };
 
 // Where logical token t of sequence b lives (row[b][t] of the cache; -1 = the bad page) and the
@@ -225,7 +261,14 @@ static KvLayout make_layout(const Case& c, const std::vector<int32_t>& kv_indptr
 // of c.heads heads, c.qlens[b] tokens a sequence, causal: token t of n sees the first
 // kv_len - n + 1 + t KV rows (none: output 0, LSE -inf). Every case also asks for the LSE (at a
 // padded row stride, the padding checked untouched) and checks it against ln sum_t exp(s_t) in
-// float64.
+// float64. QF = kFp8FromBf16: the q is bf16 and the kernel quantizes it (launch.cuh's sequence:
+// q_amax_kernel's per-block maxima, then the fp8-q kernel's kFp8FromBf16 instantiation); the
+// reference takes q quantized by the library's recipe (formats.cuh q_setup, quant.py).
+// A qo_indptr that disagrees (c.qo_set, or qlens outside 1..q_len on the generic kernel): the
+// flagged sequence's rows as shapes.cuh read_query says (the static shape: its own rows
+// b * q_len ..; the generic kernel: row qo_indptr[b] when its range is not empty and starts
+// inside total_q, else none) must be NaN, every other row of its range untouched, and every
+// other sequence right.
 template <KvFormat KF, QFormat QF, class Shape>
 static bool run_case(const Format& fmt, const Case& c) {
   const std::vector<int>& lens = c.lens;
@@ -237,13 +280,17 @@ static bool run_case(const Format& fmt, const Case& c) {
   for (int b = 0; b < batch; ++b) kv_indptr[b + 1] = kv_indptr[b] + lens[b];
   for (int b = 0; b < batch; ++b) qo_indptr[b + 1] = qo_indptr[b] + qlens[b];
   const int total_q = qo_indptr[batch];  // token rows of q / out
+  const std::vector<int32_t> qo_rows = qo_indptr;  // where each sequence's token rows are
+  for (const auto& [at, v] : c.qo_set) qo_indptr[at] = v;  // what the kernel is told
   std::mt19937 rng(c.seed);
   const KvLayout L = make_layout(c, kv_indptr, rng);
   const int64_t total = L.num_rows;  // rows of the cache
   if (c.corrupt) kv_indptr[1] += 3;
   std::normal_distribution<float> normal;
 
-  // q: bf16, or fp8 codes with a per-tensor scale; qd = the values the kernel sees
+  // q: bf16, or fp8 codes with a per-tensor scale; qd = the values the kernel sees (for a bf16 q
+  // quantized by the kernel: the library's recipe, in bf16 arithmetic as quant.quantize_fp8
+  // does it: scale = bf16(amax / fp8_max), q8 = fp8(clamp(bf16(q / scale), +-fp8_max)))
   const size_t nq = static_cast<size_t>(total_q) * H * kQkDim;
   std::vector<uint16_t> q_bf16(nq);
   std::vector<uint8_t> q_fp8(nq);
@@ -253,6 +300,8 @@ static bool run_case(const Format& fmt, const Case& c) {
     std::vector<float> x(nq);
     float amax = 0.f;
     for (auto& v : x) v = c.q_mul * normal(rng), amax = std::max(amax, std::fabs(v));
+    if constexpr (QF == QFormat::kFp8FromBf16)  // the largest |q| in the last token row: the last pre-pass block's
+      x[nq - 1] = -1.25f * amax;
     q_scale = amax / kHostFp8Max;
     for (size_t e = 0; e < nq; ++e) {
       if constexpr (QF == QFormat::kFp8) {
@@ -261,6 +310,15 @@ static bool run_case(const Format& fmt, const Case& c) {
       } else {
         q_bf16[e] = to_bf16(x[e]);
         qd[e] = from_bf16(q_bf16[e]);
+      }
+    }
+    if constexpr (QF == QFormat::kFp8FromBf16) {
+      float bmax = 0.f;
+      for (size_t e = 0; e < nq; ++e) bmax = std::max(bmax, std::fabs(from_bf16(q_bf16[e])));
+      q_scale = from_bf16(to_bf16(std::max(bmax, 1e-12f) / kHostFp8Max));
+      for (size_t e = 0; e < nq; ++e) {
+        const float y = std::fmin(std::fmax(from_bf16(to_bf16(from_bf16(q_bf16[e]) / q_scale)), -kHostFp8Max), kHostFp8Max);
+        qd[e] = static_cast<double>(fp8_round_rne(y)) * q_scale;
       }
     }
   }
@@ -314,6 +372,11 @@ static bool run_case(const Format& fmt, const Case& c) {
   p.q = QF == QFormat::kFp8 ? static_cast<const void*>(q_fp8.data()) : static_cast<const void*>(q_bf16.data());
   p.q_stride_token = static_cast<int64_t>(H) * kQkDim; p.q_stride_head = kQkDim;
   p.q_scale = QF == QFormat::kFp8 ? &q_scale : nullptr;
+  // kFp8FromBf16: the pre-pass maxima (the workspace's 240 floats; those past q_amax_parts NaN:
+  // a reader of one would make every output NaN), as launch.cuh make_params sets them
+  std::vector<float> q_amax(kQAmaxParts, NAN);
+  p.q_amax = QF == QFormat::kFp8FromBf16 ? q_amax.data() : nullptr;
+  p.q_amax_parts = QF == QFormat::kFp8FromBf16 ? std::min(total_q, kQAmaxParts) : 0;
   p.kv = kv.data(); p.kv_stride_bytes = kRowBytes;
   p.kv_scale = KF == KvFormat::kFp8 ? &kv_scale : nullptr;
   p.kv_scales = KF == KvFormat::kMxfp4 ? scales.data() : nullptr;
@@ -334,42 +397,101 @@ static bool run_case(const Format& fmt, const Case& c) {
 
   std::vector<uint32_t> counters(static_cast<size_t>(batch) * groups, 0u);  // [batch, groups], zeroed once as the workspace is
   p.split_counters = counters.data();
+  constexpr QFormat QG = QF == QFormat::kFp8FromBf16 ? QFormat::kFp8 : QF;  // the generated kernel's q format
 #if defined(__gfx950__)
-  using T = std::conditional_t<KF == KvFormat::kFp8, NativeFp8Tiling<KF, QF>, Tiling<32, 2, KF, QF>>;
+  using TG = std::conditional_t<KF == KvFormat::kFp8, NativeFp8Tiling<KF, QG>, Tiling<32, 2, KF, QG>>;
 #else
-  using T = Tiling<32, 2, KF, QF>;
+  using TG = Tiling<32, 2, KF, QG>;
 #endif
-  launch(mla_decode_kernel<T, Shape>, splits * groups, batch, T::kThreads, p);  // launch.cuh's grid
-  if (splits > 1 && !FusedCombine<T>::value) launch(mla_combine_kernel<T, Shape>, batch * groups * kHeads, 1, 128, p);
+  using T = typename TG::template WithQ<QF>;  // launch.cuh: the fp8-q kernel's kFp8FromBf16 instantiation
+  if constexpr (QF == QFormat::kFp8FromBf16) launch(q_amax_kernel<256>, p.q_amax_parts, 1, 256, p, c.reverse);
+  launch(mla_decode_kernel<T, Shape>, splits * groups, batch, T::kThreads, p, c.reverse);  // launch.cuh's grid
+  if (splits > 1 && !FusedCombine<TG>::value)
+    launch(mla_combine_kernel<TG, Shape>, batch * groups * kHeads, 1, 128, p, c.reverse);
   bool counters_reset = true;  // the merging block leaves every counter at 0 for the next call
   for (uint32_t v : counters) counters_reset &= v == 0u;
   constexpr bool kNativeFp8 = T::kNative;
+  // the pre-pass: part i holds max |q| over token rows i, i + parts, ...; the rest untouched
+  bool amax_ok = true;
+  if constexpr (QF == QFormat::kFp8FromBf16) {
+    for (int i = 0; i < kQAmaxParts; ++i) {
+      if (i >= p.q_amax_parts) {
+        amax_ok &= std::isnan(q_amax[i]);
+        continue;
+      }
+      float m = 0.f;
+      for (int64_t r = i; r < total_q; r += p.q_amax_parts)
+        for (int64_t e = r * H * kQkDim; e < (r + 1) * H * kQkDim; ++e) m = std::max(m, std::fabs(from_bf16(q_bf16[e])));
+      amax_ok &= q_amax[i] == m;
+    }
+  }
 
-  // Flagged sequences (NaN output and LSE, the error word's bit): 0 and 1 for a corrupted
-  // kv_indptr (the static shape checks every entry against b * kv_len), the bad page's one.
+  // Flagged sequences (the error word's bit; NaN output and LSE): 0 and 1 for a corrupted
+  // kv_indptr (the static shape checks every entry against b * kv_len), the bad page's one, a
+  // qo_indptr that disagrees (shapes.cuh read_query). The rows a flagged sequence makes NaN: its
+  // own, or for the generic kernel's bad qo_indptr the first row of its range when the range is
+  // not empty and starts inside total_q (else none); a row of a sequence that is not flagged
+  // must stay right whatever a flagged one does, the others (a flagged sequence's rows it does
+  // not name) untouched.
   std::vector<bool> flagged(batch, false);
   uint32_t want_errors = 0;
-  if (c.corrupt) flagged[0] = flagged[1] = true, want_errors = kDevErrKvIndptr;
-  if (c.bad_page_seq >= 0) flagged[c.bad_page_seq] = true, want_errors = kDevErrPageTable;
+  enum : uint8_t { kUntouched, kRef, kNan };
+  std::vector<uint8_t> want(total_q, kUntouched);
+  std::vector<std::pair<int64_t, int>> nan_rows(batch);  // (first token row, tokens)
+  for (int b = 0; b < batch; ++b) {
+    if (c.corrupt && b < 2) flagged[b] = true, want_errors |= kDevErrKvIndptr;
+    if (b == c.bad_page_seq) flagged[b] = true, want_errors |= kDevErrPageTable;
+    nan_rows[b] = {qo_rows[b], qlens[b]};
+    const int32_t qb = qo_indptr[b], qe = qo_indptr[b + 1], n = qe - qb;
+    const bool bad_qo = Shape::kGeneric ? n < 1 || n > q_len || qb < 0 || qe > total_q
+                                        : qb != b * q_len || n != q_len;
+    if (!bad_qo) continue;
+    flagged[b] = true, want_errors |= kDevErrQoIndptr;
+    const bool own_row = n >= 1 && qb >= 0 && qb < total_q;  // the generic kernel: its range's first row
+    nan_rows[b] = Shape::kGeneric ? std::pair<int64_t, int>{qb, own_row ? 1 : 0}
+                                  : std::pair<int64_t, int>{static_cast<int64_t>(b) * q_len, q_len};
+  }
+  for (int b = 0; b < batch; ++b)
+    if (!flagged[b])
+      for (int t = 0; t < qlens[b]; ++t) want[qo_rows[b] + t] = kRef;
+  for (int b = 0; b < batch; ++b)
+    if (flagged[b])
+      for (int t = 0; t < nan_rows[b].second; ++t)
+        if (want[nan_rows[b].first + t] != kRef) want[nan_rows[b].first + t] = kNan;
 
   double num = 0, den = 0, lse_err = 0;
-  bool finite = true, zeros_ok = true, nan_ok = true, lse_ok = true;
+  bool finite = true, zeros_ok = true, nan_ok = true, lse_ok = true, untouched_ok = true;
+  int nan_tokens = 0;  // token rows that must come out NaN
+  for (int64_t tok = 0; tok < total_q; ++tok) {
+    for (int e = H; e < kLseStride; ++e) lse_ok &= lse[tok * kLseStride + e] == kLsePoison;
+    nan_tokens += want[tok] == kNan;
+    for (int h = 0; h < H && want[tok] != kRef; ++h) {
+      const size_t row = static_cast<size_t>(tok) * H + h;
+      const float got_lse = lse[tok * kLseStride + h];
+      for (int d = 0; d < kVDim; ++d) {
+        const uint16_t got = out[row * kVDim + d];
+        if (want[tok] == kNan) nan_ok &= std::isnan(from_bf16(got));
+        else untouched_ok &= got == 0xffff;
+      }
+      if (want[tok] == kNan) nan_ok &= std::isnan(got_lse);
+      else untouched_ok &= got_lse == kLsePoison;
+    }
+  }
   int rows_seeing_none = 0;  // (token, head) rows whose causal window is empty
+  std::string off_rows;  // token rows of a sequence not flagged that are not finite (in the line when any)
   for (int b = 0; b < batch; ++b) {
+    if (flagged[b]) continue;
     const int n_q = qlens[b];
     for (int tq = 0; tq < n_q; ++tq) {
-      const int64_t tok = qo_indptr[b] + tq;
-      for (int e = H; e < kLseStride; ++e) lse_ok &= lse[tok * kLseStride + e] == kLsePoison;
+      const int64_t tok = qo_rows[b] + tq;
       const int n = std::max(0, std::min(lens[b], lens[b] - n_q + 1 + tq));  // keys this token sees
+      bool tok_finite = true;
       for (int h = 0; h < H; ++h) {
         const size_t row = static_cast<size_t>(tok) * H + h;
         const float got_lse = lse[tok * kLseStride + h];
-        if (flagged[b]) {
-          for (int d = 0; d < kVDim; ++d) nan_ok &= std::isnan(from_bf16(out[row * kVDim + d]));
-          nan_ok &= std::isnan(got_lse);
-          continue;
-        }
         rows_seeing_none += n == 0;
+        tok_finite &= std::isfinite(got_lse) || (n == 0 && got_lse == -INFINITY);
+        for (int d = 0; d < kVDim; ++d) tok_finite &= std::isfinite(from_bf16(out[row * kVDim + d]));
         const double* qrow = &qd[row * kQkDim];
         std::vector<double> q8;  // the native kernel's per-row e4m3 q (bf16 q): its recipe, exactly
         if (kNativeFp8 && QF == QFormat::kBf16) {
@@ -414,6 +536,7 @@ static bool run_case(const Format& fmt, const Case& c) {
           lse_err = std::max(lse_err, std::isnan(err) ? INFINITY : err / std::max(1.0, std::fabs(ref_lse)));
         }
       }
+      if (!tok_finite) off_rows += (off_rows.empty() ? " non-finite-token-rows=" : ",") + std::to_string(tok);
     }
   }
   lse_ok &= lse_err < 1e-5;
@@ -421,11 +544,14 @@ static bool run_case(const Format& fmt, const Case& c) {
   // tests/tolerances.py: same_inputs (fp8 path: P in f16; wide path: P in bf16, 2^-9); the
   // native fp8 path rounds P to e4m3 (3 mantissa bits): same_inputs_p_fp8
   const double bound = kNativeFp8 ? 3e-2 : 4e-3;
-  const bool ok = finite && zeros_ok && nan_ok && lse_ok && errors == want_errors && counters_reset && rel < bound;
+  const bool ok = finite && zeros_ok && nan_ok && untouched_ok && lse_ok && amax_ok && errors == want_errors &&
+                  counters_reset && rel < bound;
   std::printf("%-18s %-24s batch=%d splits=%d heads=%d q_len=%d groups=%d rel_l2=%.3e lse_err=%.1e finite=%d "
-              "zeros_ok=%d(%d rows) nan_rows_ok=%d errors=%u counters=%d%s %s\n",
+              "zeros_ok=%d(%d rows) nan_rows_ok=%d(%d tokens) untouched=%d errors=%u counters=%d%s%s%s%s %s\n",
               fmt.name, c.name, batch, splits, H, q_len, groups, rel, lse_err, finite, zeros_ok, rows_seeing_none, nan_ok,
-              errors, counters_reset, kNativeFp8 ? " native-fp8" : "", ok ? "ok" : "FAIL");
+              nan_tokens, untouched_ok, errors, counters_reset, kNativeFp8 ? " native-fp8" : "",
+              QF == QFormat::kFp8FromBf16 ? " q-amax-ok=" : "", QF == QFormat::kFp8FromBf16 ? (amax_ok ? "1" : "0") : "",
+              off_rows.c_str(), ok ? "ok" : "FAIL");
   return ok;
 }
 
@@ -507,6 +633,54 @@ static bool run_rows_format(const Format& fmt, uint32_t seed) {
   return ok;
 }
 
+// The fp8 q that the library quantizes from a bf16 q (QFormat::kFp8FromBf16: q_amax_kernel's
+// per-block maxima, then the per-tensor recipe in the decode's q_setup) with query rows: 32
+// heads x 2 tokens (4 row groups, 4 pre-pass blocks) and 128 heads x 1 token (8 row groups, 2
+// pre-pass blocks), both split, for each KV format of an fp8-q kernel. The tensor's largest |q|
+// is planted in the last token row, so the decode's reduction must take every block's maximum.
+template <KvFormat KF>
+static bool run_q8_format(const Format& fmt, uint32_t seed) {
+  constexpr QFormat Q = QFormat::kFp8FromBf16;
+  using D = DynamicShape;
+  bool ok = true;
+  ok &= run_case<KF, Q, D>(fmt, {.name = "q8-h32-q2-splits", .lens = {45, 70}, .splits = 2, .seed = seed + 201,
+                                 .heads = 32, .qlens = {2, 2}});
+  ok &= run_case<KF, Q, D>(fmt, {.name = "q8-h128-splits", .lens = {66, 33}, .splits = 2, .seed = seed + 202,
+                                 .heads = 128});
+  return ok;
+}
+
+// A qo_indptr that disagrees with the query rows, q_len 2 (shapes.cuh read_query): on the
+// generic kernel a sequence of 3 tokens (> q_len) or of 0, in the middle (its blocks run after
+// the next sequence's: reversed grid) or last (qo_indptr[b] = total_q); on a static shape a
+// sequence's entries off b * q_len (the end: 3 tokens; the beginning, split). The flagged
+// sequence alone: error bit 2, the rows it names NaN (a sequence of 0 tokens none: its range's
+// first row is the next sequence's, or past total_q), every other sequence right.
+template <KvFormat KF, QFormat QF>
+static bool run_bad_qo_format(const Format& fmt, uint32_t seed) {
+  using D = DynamicShape;
+  bool ok = true;
+  ok &= run_case<KF, QF, D>(fmt, {.name = "qo-3-tokens>q_len", .lens = {40, 65, 33}, .splits = 2, .seed = seed + 301,
+                                  .qlens = {2, 3, 1}, .q_len = 2});
+  ok &= run_case<KF, QF, D>(fmt, {.name = "qo-0-tokens-reversed", .lens = {40, 50, 33}, .splits = 1,
+                                  .seed = seed + 302, .qlens = {2, 0, 2}, .q_len = 2, .reverse = true});
+  ok &= run_case<KF, QF, D>(fmt, {.name = "qo-0-tokens-last", .lens = {40, 33}, .splits = 2, .seed = seed + 303,
+                                  .qlens = {2, 0}, .q_len = 2});
+  ok &= run_case<KF, QF, StaticShape<2, 65, 1, 0, 16, 2>>(fmt, {.name = "qo-static-q2-bad-end", .lens = {65, 65},
+                                                                .splits = 1, .seed = seed + 304, .qlens = {2, 2},
+                                                                .qo_set = {{2, 5}}});
+  ok &= run_case<KF, QF, StaticShape<2, 65, 3, 0, 16, 2>>(fmt, {.name = "qo-static-q2-splits-bad-begin",
+                                                                .lens = {65, 65}, .splits = 3, .seed = seed + 305,
+                                                                .qlens = {2, 2}, .qo_set = {{0, 1}}});
+  return ok;
+}
+
+template <KvFormat KF, QFormat QF, bool kRun>
+static bool run_bad_qo_if(const Format& fmt, uint32_t seed) {
+  if constexpr (kRun) return run_bad_qo_format<KF, QF>(fmt, seed);
+  return true;
+}
+
 int main(int argc, char** argv) {
   // optional argument: run only the formats whose name contains it (e.g. "mxfp4")
   const char* only = argc > 1 ? argv[1] : "";
@@ -518,19 +692,34 @@ int main(int argc, char** argv) {
   const Format bf16_fp8{"kvbf16/qfp8", KvFormat::kBf16, QFormat::kFp8, 0};
   const Format mx18{"kvmxfp4s18/qbf16", KvFormat::kMxfp4, QFormat::kBf16, 18};
   const Format mx24{"kvmxfp4s24/qfp8", KvFormat::kMxfp4, QFormat::kFp8, 24};
-  // a second optional argument: "rows" runs only the query-row cases, "base" only the others
+  // a bf16 q that the kernel quantizes (the fp8-q kernels' kFp8FromBf16 route)
+  const Format fp8_q8{"kvfp8/qfp8<-bf16", KvFormat::kFp8, QFormat::kFp8FromBf16, 0};
+  const Format bf16_q8{"kvbf16/qfp8<-bf16", KvFormat::kBf16, QFormat::kFp8FromBf16, 0};
+  const Format mx24_q8{"kvmxfp4s24/qfp8<-bf16", KvFormat::kMxfp4, QFormat::kFp8FromBf16, 24};
+  // a second optional argument: run only one part: "base" (run_format), "rows" (run_rows_format),
+  // "qo" (run_bad_qo_format) or "q8" (run_q8_format)
   const char* part = argc > 2 ? argv[2] : "";
-  const bool base = std::strcmp(part, "rows") != 0, rows = std::strcmp(part, "base") != 0;
-  auto run = [&](auto fn_base, auto fn_rows, const Format& f, uint32_t seed) {
+  auto in = [&](const char* name) { return !*part || std::strcmp(part, name) == 0; };
+  auto run = [&](auto fn_base, auto fn_rows, auto fn_qo, const Format& f, uint32_t seed) {
     if (!want(f)) return;
-    if (base) ok &= fn_base(f, seed);
-    if (rows) ok &= fn_rows(f, seed);
+    if (in("base")) ok &= fn_base(f, seed);
+    if (in("rows")) ok &= fn_rows(f, seed);
+    if (in("qo")) ok &= fn_qo(f, seed);
   };
-  run(run_format<KvFormat::kFp8, QFormat::kBf16>, run_rows_format<KvFormat::kFp8, QFormat::kBf16>, fp8_bf16, 0);
-  run(run_format<KvFormat::kFp8, QFormat::kFp8>, run_rows_format<KvFormat::kFp8, QFormat::kFp8>, fp8_fp8, 10);
-  run(run_format<KvFormat::kBf16, QFormat::kBf16>, run_rows_format<KvFormat::kBf16, QFormat::kBf16>, bf16_bf16, 20);
-  run(run_format<KvFormat::kBf16, QFormat::kFp8>, run_rows_format<KvFormat::kBf16, QFormat::kFp8>, bf16_fp8, 30);
-  run(run_format<KvFormat::kMxfp4, QFormat::kBf16>, run_rows_format<KvFormat::kMxfp4, QFormat::kBf16>, mx18, 40);
-  run(run_format<KvFormat::kMxfp4, QFormat::kFp8>, run_rows_format<KvFormat::kMxfp4, QFormat::kFp8>, mx24, 50);
+  // the bad-qo_indptr cases for one format a KV format (QO): the flag and its NaN rows go through
+  // each body's epilogue and the combine, whatever the q
+#define MLAGEN_EMU_PARTS(KF, QF, QO) run_format<KF, QF>, run_rows_format<KF, QF>, run_bad_qo_if<KF, QF, QO>
+  run(MLAGEN_EMU_PARTS(KvFormat::kFp8, QFormat::kBf16, true), fp8_bf16, 0);
+  run(MLAGEN_EMU_PARTS(KvFormat::kFp8, QFormat::kFp8, false), fp8_fp8, 10);
+  run(MLAGEN_EMU_PARTS(KvFormat::kBf16, QFormat::kBf16, false), bf16_bf16, 20);
+  run(MLAGEN_EMU_PARTS(KvFormat::kBf16, QFormat::kFp8, true), bf16_fp8, 30);
+  run(MLAGEN_EMU_PARTS(KvFormat::kMxfp4, QFormat::kBf16, false), mx18, 40);
+  run(MLAGEN_EMU_PARTS(KvFormat::kMxfp4, QFormat::kFp8, true), mx24, 50);
+#undef MLAGEN_EMU_PARTS
+  if (in("q8")) {
+    if (want(fp8_q8)) ok &= run_q8_format<KvFormat::kFp8>(fp8_q8, 60);
+    if (want(bf16_q8)) ok &= run_q8_format<KvFormat::kBf16>(bf16_q8, 70);
+    if (want(mx24_q8)) ok &= run_q8_format<KvFormat::kMxfp4>(mx24_q8, 80);
+  }
   return ok ? 0 : 1;
 }

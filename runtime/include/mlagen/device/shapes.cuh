@@ -62,7 +62,7 @@ struct Sequence {
   int64_t kv_begin;      // contiguous: first KV row
   int len;               // KV rows
   int64_t q_row;         // first row (token) of q / out
-  int q_len;             // query tokens (1 when flagged)
+  int q_len;             // query tokens (flagged: 1, or 0 = no row of its own to write)
   bool bad;              // indptr / page list disagreed: output NaN
   const int32_t* pages;  // paged: the sequence's page list (null: contiguous rows)
 };
@@ -127,7 +127,10 @@ MLAGEN_DEVICE PageList page_list(const Params& p, int b) {
 // kernel), or 1..q_len (the generic kernel). Flagged when they disagree. A specialized kernel
 // reads rows b * q_len .. + q_len - 1 whatever qo_indptr says (the runtime checked total_q), so
 // no address waits on the indptr load (a flagged sequence's own rows become NaN); the generic
-// kernel reads qo_indptr's rows, or one row inside total_q when flagged.
+// kernel reads qo_indptr's rows. Flagged, the generic kernel's sequence makes the first row of
+// its range NaN when the range is not empty and starts inside total_q, and writes no row
+// otherwise (n = 0: its blocks compute from row 0 and own none): the range of a sequence of 0
+// tokens starts at the next sequence's first row (or at total_q), which is not its to write.
 struct QueryTokens {
   int64_t row;
   int n;
@@ -142,7 +145,10 @@ MLAGEN_DEVICE QueryTokens read_query(const Params& p, int b, int q_len) {
     return QueryTokens{row, q_len, qb != row || n != q_len};
   }
   const bool bad = n < 1 || n > q_len || qb < 0 || qe > p.total_q;
-  if (bad) return QueryTokens{qb >= 0 && qb < p.total_q ? qb : 0, 1, true};
+  if (bad) {
+    const bool own_row = n >= 1 && qb >= 0 && qb < p.total_q;
+    return QueryTokens{own_row ? qb : 0, own_row ? 1 : 0, true};
+  }
   return QueryTokens{qb, n, false};
 }
 // The tokens without the check (the combine: the decode grid flagged what was wrong): a
@@ -192,14 +198,15 @@ MLAGEN_DEVICE Sequence read_sequence(const Params& p, int b, int q_len) {
 // r = token r / H, head r % H (heads fastest: FlashMLA's q_seq_per_hk axis); the block of row
 // group `group` owns rows 16 group .. + 15 (kRows: the M of the mma.sync bodies' MMAs, the N of
 // the warpgroup body's). Rows past n * H (8 heads, one token) are padding: computed as a copy
-// of the last row, never written. Causal among the tokens of a sequence: token i of n sees
-// the first len - n + 1 + i keys (key_end).
+// of the last row, never written; with n = 0 (a flagged sequence without a row of its own) every
+// row is, as a copy of row 0. Causal among the tokens of a sequence: token i of n sees the first
+// len - n + 1 + i keys (key_end).
 struct QueryRows {
   static constexpr int kRows = kHeads;
   int64_t q_row0;  // the sequence's first token row
   int base, nrows, heads, key_base;
   int64_t part0;   // the block's first row of part_o / part_ml
-  MLAGEN_DEVICE int row(int j) const { return min(base + j, nrows - 1); }
+  MLAGEN_DEVICE int row(int j) const { return max(min(base + j, nrows - 1), 0); }
   MLAGEN_DEVICE bool owns(int j) const { return base + j < nrows; }
   MLAGEN_DEVICE int64_t token(int j) const { return q_row0 + row(j) / heads; }
   MLAGEN_DEVICE int head(int j) const { return row(j) % heads; }
