@@ -261,3 +261,28 @@ def test_query_lengths_past_q_len_are_flagged():
     assert out[0].isnan().all()
     with pytest.raises(mlagen.MlagenError, match="QO_INDPTR|qo_indptr"):
         mlagen.check_device_errors()
+
+
+@pytest.mark.parametrize("splits", [0, 3])
+def test_empty_query_range_is_flagged_without_touching_its_neighbours(splits):
+    """A sequence given 0 tokens by qo_indptr (generic kernel, q_len 2) is flagged and writes no
+    row: its range starts at the next sequence's first row, which must stay that sequence's
+    (before the fix the flagged sequence wrote NaN there, racing the owner)."""
+    seed = fresh_seed()
+    rows = Rows(16, [2, 2, 2], [300, 300, 300], seed)
+    qo = torch.tensor([0, 2, 2, 4], dtype=torch.int32, device="cuda")  # sequence 1: no tokens
+    q = rows.q[:4].contiguous()
+    config = dict(rows.config, kv_seq_len=None)
+    for _ in range(5):  # block order varies: repeat
+        out = torch.full((4, 16, DV), float("nan"), dtype=torch.bfloat16, device="cuda")
+        mlagen.decode(q, rows.kv, qo, rows.kv_indptr, config, kv_format="fp8", q_len=2, out=out, splits=splits,
+                      force_generic=True)
+        torch.cuda.synchronize()
+        assert torch.isfinite(out.float()).all(), f"seed {seed}: a neighbour's row was overwritten or left unwritten"
+        with pytest.raises(mlagen.MlagenError, match="QO_INDPTR|qo_indptr"):
+            mlagen.check_device_errors()
+    sub = Rows(16, [2, 2], [300, 300], seed)  # the two real sequences (0 and 2) against float64
+    sub.q = q
+    sub.kv = {"fp8": (rows.kv["fp8"][0][list(range(300)) + list(range(600, 900))], rows.kv["fp8"][1]),
+              "bf16": rows.kv["bf16"][list(range(300)) + list(range(600, 900))]}
+    check(sub, out, "fp8", seed)
