@@ -173,6 +173,20 @@ ROWS_CASES = [  # (heads, q lengths, kv lengths, splits, page)
 ]
 
 
+def run_listed(summary: dict, name: str, fmt: str, q_dtype: str, keys: tuple, call) -> None:
+    """One case: call() gives its result (an exception is a failed case, with the traceback
+    printed); kept in summary["cases"] and printed as one [child] line with the result's keys."""
+    try:
+        res = call()
+    except Exception as e:  # noqa: BLE001
+        res = dict(case=name, ok=False, error=f"{type(e).__name__}: {e}", kv_format=fmt, q_dtype=q_dtype)
+        traceback.print_exc()
+    summary["cases"].append(res)
+    print(f"[child] {res.get('case', name)} {fmt}/q{q_dtype}: {'ok' if res.get('ok') else 'FAIL'} "
+          f"kernel={res.get('kernel')} nonfinite_rows={res.get('nonfinite_rows')} "
+          + " ".join(f"{k}={res.get(k)}" for k in keys) + f" {res.get('error') or ''}", flush=True)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", default=None,
@@ -213,46 +227,22 @@ def main(argv=None) -> int:
                 from mlagen import quant
                 inp["kv_data"]["mxfp4"] = quant.quantize_mxfp4(inp["kv_data"]["bf16"])
             for fmt, q_dtype in formats:
-                try:
-                    res = run_case(torch, mlagen, inp, args, fmt, q_dtype)
-                except Exception as e:  # noqa: BLE001
-                    res = dict(ok=False, error=f"{type(e).__name__}: {e}", kv_format=fmt, q_dtype=q_dtype)
-                    traceback.print_exc()
-                res["case"] = name
-                summary["cases"].append(res)
-                print(f"[child] {name} {fmt}/q{q_dtype}: {'ok' if res.get('ok') else 'FAIL'} kernel={res.get('kernel')} "
-                      f"nonfinite_rows={res.get('nonfinite_rows')} rel_err={res.get('rel_err')} "
-                      f"{res.get('error') or ''}", flush=True)
+                run_listed(summary, name, fmt, q_dtype, ("rel_err",),
+                           lambda: dict(run_case(torch, mlagen, inp, args, fmt, q_dtype), case=name))
             del inp
             torch.cuda.empty_cache()
         formats = [tuple((f.split(":") + ["bf16"])[:2]) for f in args.formats.split(",") if f]
         for page in [int(x) for x in args.paged.split(",") if x]:
             lengths = C.nonuniform_lengths(args.nonuniform_batch, seed=args.seed + page)
             for fmt, q_dtype in formats:
-                try:
-                    res = paged_case(torch, mlagen, lengths, page, args.seed + 7 * page, device, fmt, q_dtype)
-                except Exception as e:  # noqa: BLE001
-                    res = dict(case=f"paged{page}", ok=False, error=f"{type(e).__name__}: {e}", kv_format=fmt,
-                               q_dtype=q_dtype)
-                    traceback.print_exc()
-                summary["cases"].append(res)
-                print(f"[child] paged{page} {fmt}/q{q_dtype}: {'ok' if res.get('ok') else 'FAIL'} "
-                      f"kernel={res.get('kernel')} nonfinite_rows={res.get('nonfinite_rows')} "
-                      f"bad_page_flagged={res.get('bad_page_flagged')} {res.get('error') or ''}", flush=True)
+                run_listed(summary, f"paged{page}", fmt, q_dtype, ("bad_page_flagged",),
+                           lambda: paged_case(torch, mlagen, lengths, page, args.seed + 7 * page, device, fmt, q_dtype))
                 torch.cuda.empty_cache()
         for i, (heads, q_lens, lengths, splits, page) in enumerate([] if args.no_rows else ROWS_CASES):
             for fmt, q_dtype in formats:
-                try:
-                    res = rows_case(torch, mlagen, heads, q_lens, lengths, args.seed + 31 * i, device, fmt, q_dtype,
-                                    splits, page)
-                except Exception as e:  # noqa: BLE001
-                    res = dict(case=f"rows{i}", ok=False, error=f"{type(e).__name__}: {e}", kv_format=fmt,
-                               q_dtype=q_dtype)
-                    traceback.print_exc()
-                summary["cases"].append(res)
-                print(f"[child] {res['case']} {fmt}/q{q_dtype}: {'ok' if res.get('ok') else 'FAIL'} "
-                      f"kernel={res.get('kernel')} nonfinite_rows={res.get('nonfinite_rows')} "
-                      f"unseen_not_zero={res.get('unseen_not_zero')} {res.get('error') or ''}", flush=True)
+                run_listed(summary, f"rows{i}", fmt, q_dtype, ("unseen_not_zero",),
+                           lambda: rows_case(torch, mlagen, heads, q_lens, lengths, args.seed + 31 * i, device, fmt,
+                                             q_dtype, splits, page))
                 torch.cuda.empty_cache()
         torch.cuda.synchronize()
         summary["ok"] = all(c.get("ok") for c in summary["cases"])

@@ -10,7 +10,7 @@ import os
 import re
 from typing import Iterable
 
-from .spec import ANY, ARCHS, IMPLEMENTED, NATIVE_FP8_TARGET_BLOCKS, KernelSpec, SpecError, default_tiles
+from .spec import ANY, ARCHS, IMPLEMENTED, NATIVE_FP8_TARGET_BLOCKS, KernelSpec, SpecError, default_tiles, row_groups
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TUNING_FILE = os.path.join(HERE, "tuning.json")
@@ -152,7 +152,7 @@ def build_catalog(shapes: Iterable[tuple[int, int]] | None = None,
                         specs.append(KernelSpec(arch, batch, kv_len, q_dtype=q_dtype, kv_dtype=kv_dtype,
                                                 page_size=page, **p))
         for (heads, q_len), (pairs, shapes_) in ROWS_SPECIALIZED.get(arch, {}).items():
-            groups = -(-heads * q_len // 16)
+            groups = row_groups(heads, q_len)
             for q_dtype, kv_dtype in pairs:
                 for batch, kv_len in shapes_:
                     p = heuristic_params(arch, batch, kv_len, kv_dtype, groups)

@@ -63,6 +63,12 @@ DEFAULTS = dict(num_heads=16, q_len=1, qk_dim=576, v_dim=512, block_n=32, stages
 OPTIONAL_TAGS = (("h", "num_heads"), ("ql", "q_len"), ("dk", "qk_dim"), ("dv", "v_dim"),
                  ("bn", "block_n"), ("st", "stages"), ("pg", "page_size"))
 NUM_HEADS = (8, 16, 32, 64, 128)  # what the kernels take (shapes.cuh QueryRows: rows in blocks of 16)
+ROWS_A_BLOCK = 16  # query rows a block owns (shapes.cuh QueryRows::kRows)
+
+
+def row_groups(num_heads: int, q_len: int) -> int:
+    """Blocks of ROWS_A_BLOCK query rows a sequence (runtime/include/mlagen/internal.h row_groups)."""
+    return -(-num_heads * q_len // ROWS_A_BLOCK)
 PAGE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # what the kernels read (kv_rows.cuh)
 # KV row bytes, the unit of kv_stride_token in bytes, and the scale kind (0 none, 1 one float32,
 # 2 E8M0 rows): what the runtime checks a problem's KV against (registry rows carry them)

@@ -86,18 +86,25 @@ def test_op_under_torch_compile_fullgraph():
     assert again_o.shape == (8, 16, 512) and torch.isfinite(again_o.float()).all()
 
 
+def _capture(op, args):
+    """op(*args) captured into a CUDA graph on a side stream, after a call there outside the
+    capture (its plan and that stream's scratch are made first): (graph, the captured outputs)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        op(*args)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        outs = op(*args)
+    return graph, outs
+
+
 def test_op_in_a_cuda_graph():
     seed, args = _args("fp8", batch=4, kv_len=1024)
     q, kv, scale, qo, kvp = args[:5]
     torch.ops.mlagen.decode(*args)  # plan and first-use scratch outside capture
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        torch.ops.mlagen.decode(*args)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=side):
-        out = torch.ops.mlagen.decode(*args)
+    graph, out = _capture(torch.ops.mlagen.decode, args)
     fresh = _args("fp8", batch=4, kv_len=1024)[1]
     q.copy_(fresh[0])
     kv.copy_(fresh[1])
@@ -168,14 +175,7 @@ def test_lse_op_rows_under_compile_and_in_a_graph():
     want_o, want_l = model(*args)
     torch.cuda.synchronize()
     assert torch.equal(got_o, want_o) and torch.equal(got_l, want_l), f"seed {seed}: compiled differs from eager"
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        torch.ops.mlagen.decode_lse(*args)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=side):
-        o, l = torch.ops.mlagen.decode_lse(*args)
+    graph, (o, l) = _capture(torch.ops.mlagen.decode_lse, args)
     fresh = _rows_args(128, 2, True, fresh_seed())
     args[0].copy_(fresh[0])
     args[1].copy_(fresh[1])

@@ -81,32 +81,22 @@ MLAGEN_DEVICE SplitRange split_range(int seq_len, int split, int splits, int blo
 
 // One row's online-softmax step in the log2 domain: m is the running max, mx this tile's
 // row max. Returns the factor exp2(m_old - m_new) that rescales what was accumulated so far
-// (0 on the row's first tile with a key, where m_old = -inf). A row that has seen no key yet
-// (causal rows of a split's last tiles: every score -inf) keeps m = -inf and gets 1; the
-// exponents then go through exp_base(m), so its P is 0, not NaN.
-MLAGEN_DEVICE float online_max_update(float& m, float mx) {
-  const float m_new = fmaxf(m, mx);
-  const float alpha = m_new == -INFINITY ? 1.f : fast_exp2(m - m_new);
-  m = m_new;
-  return alpha;
-}
-// What a row's scores are taken relative to: its running max, 0 while it is -inf.
-MLAGEN_DEVICE float exp_base(float m) { return m == -INFINITY ? 0.f : m; }
-// The step for a row whose tile max is finite (Shape::kRowsEndEarly false: one query token a
-// sequence): no -inf guard, exponents relative to m itself.
-MLAGEN_DEVICE float online_max_update_finite(float& m, float mx) {
-  const float m_new = fmaxf(m, mx);
-  const float alpha = fast_exp2(m - m_new);  // 0 on the first tile
-  m = m_new;
-  return alpha;
-}
+// (0 on the row's first tile with a key, where m_old = -inf). kRowsEndEarly
+// (Shape::kRowsEndEarly: causal query tokens): a row that has seen no key yet (every score of
+// a split's last tiles -inf) keeps m = -inf and gets 1, and step_base(m) gives 0 to take its
+// exponents relative to, so its P is 0, not NaN. One query token a sequence sees a key in every
+// tile: no guard.
 template <bool kRowsEndEarly>
 MLAGEN_DEVICE float online_step(float& m, float mx) {
-  return kRowsEndEarly ? online_max_update(m, mx) : online_max_update_finite(m, mx);
+  const float m_new = fmaxf(m, mx);
+  const float alpha = kRowsEndEarly && m_new == -INFINITY ? 1.f : fast_exp2(m - m_new);
+  m = m_new;
+  return alpha;
 }
+// What a row's scores are taken relative to: its running max (0 while a causal row's is -inf).
 template <bool kRowsEndEarly>
 MLAGEN_DEVICE float step_base(float m) {
-  return kRowsEndEarly ? exp_base(m) : m;
+  return kRowsEndEarly && m == -INFINITY ? 0.f : m;
 }
 
 MLAGEN_DEVICE float quiet_nan() { return __int_as_float(0x7fc00000); }

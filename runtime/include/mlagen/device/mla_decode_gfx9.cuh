@@ -82,7 +82,7 @@ MLAGEN_DEVICE const uint8_t* kv_row(const Rows& rows, const uint8_t* kv, int64_t
 // keys in the tile) and takes the online-softmax step for row i (log2 domain). On return s holds
 // the unnormalized P^T, m / l are updated (l: this lane's share) and O is rescaled to the new
 // running max. kEarly (Shape::kRowsEndEarly): a row may have seen no key yet (all -inf): alpha 1
-// and P 0 through exp_base; else the unguarded step of one-token shapes (mla_common.cuh).
+// and P 0 through step_base; else the unguarded step of one-token shapes (mla_common.cuh).
 template <class T, bool kEarly>
 MLAGEN_DEVICE void softmax_tile(gfx9::f32x4 (&s)[T::kMTiles], gfx9::f32x4* red, int wave, int lane, int valid,
                                 float s_scale, float& m, float& l, gfx9::f32x4 (&o)[2][4]) {

@@ -189,7 +189,7 @@ MLAGEN_DEVICE void scores(const uint8_t* stage, const QOperands& q, int i, int j
 // Online softmax over the tile (tokens >= valid masked: this lane's row's keys in the tile),
 // then P^T as the PV B operand: byte e < 4 = token 4e + j, byte e >= 4 = token 16 + 4(e - 4) + j,
 // row i. kEarly (Shape::kRowsEndEarly): a row may have seen no key yet (m = -inf, every score -inf):
-// its alpha is 1 and its P 0 (exp_base), not NaN.
+// its alpha is 1 and its P 0 (step_base), not NaN.
 template <class T, bool kEarly>
 MLAGEN_DEVICE uint64_t softmax_step(f32x4 (&s)[2], float s_scale, int valid, int j, WaveState& w) {
   float mx = -INFINITY;

@@ -154,7 +154,7 @@ MLAGEN_DEVICE QueryTokens read_query(const Params& p, int b, int q_len) {
 // The tokens without the check (the combine: the decode grid flagged what was wrong): a
 // specialized kernel's rows need no load at all.
 template <bool kUniform>
-MLAGEN_DEVICE QueryTokens query_rows_of(const Params& p, int b, int q_len) {
+MLAGEN_DEVICE QueryTokens query_tokens(const Params& p, int b, int q_len) {
   if constexpr (kUniform) return QueryTokens{static_cast<int64_t>(b) * q_len, q_len, false};
   return read_query<false>(p, b, q_len);
 }
@@ -234,7 +234,7 @@ struct StaticShape {
   MLAGEN_DEVICE static int heads(const Params&) { return kNumHeads; }
   MLAGEN_DEVICE static int q_len(const Params&) { return kQLen; }
   MLAGEN_DEVICE static int row_groups(const Params&) { return kGroups; }
-  MLAGEN_DEVICE static QueryTokens query(const Params& p, int b) { return query_rows_of<true>(p, b, kQLen); }
+  MLAGEN_DEVICE static QueryTokens query(const Params& p, int b) { return query_tokens<true>(p, b, kQLen); }
   MLAGEN_DEVICE static Sequence sequence(const Params& p, int b) { return read_sequence<kKvLen, kPage>(p, b, kQLen); }
 };
 
@@ -248,7 +248,7 @@ struct DynamicShape {
   MLAGEN_DEVICE static int heads(const Params& p) { return p.num_heads; }
   MLAGEN_DEVICE static int q_len(const Params& p) { return p.q_len; }
   MLAGEN_DEVICE static int row_groups(const Params& p) { return p.row_groups; }
-  MLAGEN_DEVICE static QueryTokens query(const Params& p, int b) { return query_rows_of<false>(p, b, p.q_len); }
+  MLAGEN_DEVICE static QueryTokens query(const Params& p, int b) { return query_tokens<false>(p, b, p.q_len); }
   MLAGEN_DEVICE static Sequence sequence(const Params& p, int b) { return read_sequence<0, kPage>(p, b, p.q_len); }
 };
 
