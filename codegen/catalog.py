@@ -10,7 +10,8 @@ import os
 import re
 from typing import Iterable
 
-from .spec import ANY, ARCHS, IMPLEMENTED, NATIVE_FP8_TARGET_BLOCKS, KernelSpec, SpecError, default_tiles, row_groups
+from .spec import (ANY, ARCHS, IMPLEMENTED, NATIVE_FP8_TARGET_BLOCKS, ROWS_BODY_BLOCK_M, ROWS_BODY_TARGET_BLOCKS,
+                   WARPGROUP_BLOCK_N, KernelSpec, SpecError, default_tiles, row_groups)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TUNING_FILE = os.path.join(HERE, "tuning.json")
@@ -37,11 +38,14 @@ PAGED_SPECIALIZED = {"sm90a": dict(dtypes=(("bf16", "fp8e4m3fn"), ("bf16", "bf16
 # engine runs most (128 heads: TP1 / data-parallel attention; 64, 32: TP2, TP4; q_len 2 and 4:
 # MTP / speculative verification at TP8). Every other (heads, q_len) is the generic kernel's.
 # (num_heads, q_len) -> ((q dtype, kv dtype) pairs, shapes)
-ROWS_SPECIALIZED = {"sm90a": {(128, 1): ((("bf16", "fp8e4m3fn"), ("fp8", "fp8e4m3fn")), ((64, 8192), (128, 4096))),
+# Rows of 64 and more (128 and 64 heads, 16 heads x 4 tokens) take the rows body (spec block_m
+# 64); the (2, 1000) / (3, 1000) shapes are there so that its short last tile and splits run in
+# the tests (tests/test_gpu_rows.py test_rows_body_matches_float64).
+ROWS_SPECIALIZED = {"sm90a": {(128, 1): ((("bf16", "fp8e4m3fn"), ("fp8", "fp8e4m3fn")), ((64, 8192), (128, 4096), (2, 1000))),
                               (64, 1): ((("bf16", "fp8e4m3fn"),), ((64, 8192),)),
                               (32, 1): ((("bf16", "fp8e4m3fn"),), ((64, 8192),)),
                               (16, 2): ((("bf16", "fp8e4m3fn"),), ((32, 8192), (64, 8192), (256, 8192))),
-                              (16, 4): ((("bf16", "fp8e4m3fn"),), ((32, 8192), (64, 8192), (256, 8192)))}}
+                              (16, 4): ((("bf16", "fp8e4m3fn"),), ((32, 8192), (64, 8192), (256, 8192), (3, 1000)))}}
 # Tile choices built as generic kernels besides the default, so `make tune` can measure
 # them on any shape without regenerating: (block_n, stages) per (arch, kv dtype).
 TUNING_TILES = {("sm90a", "fp8e4m3fn"): ((32, 3), (32, 4), (32, 6), (64, 3)),
@@ -94,6 +98,17 @@ def heuristic_params(arch: str, batch: int, kv_len: int, kv_dtype: str = "fp8e4m
                     stages=generic.stages)
     return dict(splits=heuristic_splits(generic.target_blocks, batch * row_groups, kv_len),
                 block_n=generic.block_n, stages=generic.stages)
+
+
+def rows_params(arch: str, batch: int, kv_len: int, kv_dtype: str, heads: int, q_len: int) -> dict:
+    """A query-rows kernel's tiling: the rows body (64 rows a block, one block an SM) where it
+    applies (sm90a fp8 KV, heads x q_len a multiple of 64), else the 16-row body's heuristic."""
+    rows = heads * q_len
+    if arch == "sm90a" and kv_dtype == "fp8e4m3fn" and rows % ROWS_BODY_BLOCK_M == 0:
+        blocks = batch * rows // ROWS_BODY_BLOCK_M
+        return dict(splits=heuristic_splits(ROWS_BODY_TARGET_BLOCKS, blocks, kv_len), block_n=WARPGROUP_BLOCK_N,
+                    stages=3, block_m=ROWS_BODY_BLOCK_M)
+    return heuristic_params(arch, batch, kv_len, kv_dtype, row_groups(heads, q_len))
 
 
 def heuristic_splits(target_blocks: int, blocks: int, kv_len: int) -> int:
@@ -155,7 +170,7 @@ def build_catalog(shapes: Iterable[tuple[int, int]] | None = None,
             groups = row_groups(heads, q_len)
             for q_dtype, kv_dtype in pairs:
                 for batch, kv_len in shapes_:
-                    p = heuristic_params(arch, batch, kv_len, kv_dtype, groups)
+                    p = rows_params(arch, batch, kv_len, kv_dtype, heads, q_len)
                     specs.append(KernelSpec(arch, batch, kv_len, q_dtype=q_dtype, kv_dtype=kv_dtype, num_heads=heads,
                                             q_len=q_len, **p))
     check_unique(specs)

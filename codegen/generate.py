@@ -63,6 +63,8 @@ def tiling_expr(s: KernelSpec) -> str:
     kv, q = KV_FORMAT[s.kv_dtype], Q_FORMAT[s.q_dtype]
     if s.native_fp8:
         return f"mlagen::device::NativeFp8Tiling<{kv}, {q}>"
+    if s.rows_body:
+        return f"mlagen::device::RowsTiling</*stages=*/{s.stages}, {q}>"
     return f"mlagen::device::Tiling</*block_n=*/{s.block_n}, /*stages=*/{s.stages}, {kv}, {q}>"
 
 

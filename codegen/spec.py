@@ -58,12 +58,16 @@ IMPLEMENTED = {
 
 ANY = 0  # batch / kv_len / splits of the generic kernel: sizes come at run time
 
-DEFAULTS = dict(num_heads=16, q_len=1, qk_dim=576, v_dim=512, block_n=32, stages=4, page_size=0)
+DEFAULTS = dict(num_heads=16, q_len=1, qk_dim=576, v_dim=512, block_n=32, stages=4, block_m=16, page_size=0)
 # optional tags, in name order: tag -> field
 OPTIONAL_TAGS = (("h", "num_heads"), ("ql", "q_len"), ("dk", "qk_dim"), ("dv", "v_dim"),
-                 ("bn", "block_n"), ("st", "stages"), ("pg", "page_size"))
+                 ("bn", "block_n"), ("st", "stages"), ("bm", "block_m"), ("pg", "page_size"))
 NUM_HEADS = (8, 16, 32, 64, 128)  # what the kernels take (shapes.cuh QueryRows: rows in blocks of 16)
-ROWS_A_BLOCK = 16  # query rows a block owns (shapes.cuh QueryRows::kRows)
+ROWS_A_BLOCK = 16  # query rows a row group (shapes.cuh QueryRows::kRows): the block of every body but the rows one
+# block_m 64: the sm90a rows body (runtime/include/mlagen/device/mla_decode_sm90_rows.cuh), two
+# warpgroups over 64 query rows, fp8 KV in tiles of 64, one block an SM
+ROWS_BODY_BLOCK_M = 64
+ROWS_BODY_TARGET_BLOCKS = 132
 
 
 def row_groups(num_heads: int, q_len: int) -> int:
@@ -93,6 +97,7 @@ class KernelSpec:
     v_dim: int = 512
     block_n: int = 32   # KV tokens per pipeline tile
     stages: int = 4     # tiles in flight (cp.async ring depth)
+    block_m: int = 16   # query rows a block: 16 (a row group), or 64 (the sm90a rows body)
     page_size: int = 0  # specialized: KV rows in pages of this many (0 = contiguous rows); the
                         # generic kernel (0) reads contiguous or paged rows, page size at run time
 
@@ -134,6 +139,11 @@ class KernelSpec:
         return self.arch == "sm90a" and self.kv_dtype in WARPGROUP_KV and self.block_n == WARPGROUP_BLOCK_N
 
     @property
+    def rows_body(self) -> bool:
+        """The sm90a rows body: 64 query rows a block (two warpgroups), fp8 KV."""
+        return self.block_m == ROWS_BODY_BLOCK_M
+
+    @property
     def native_fp8(self) -> bool:
         """The gfx950 kernel on the native fp8 datapath (fp8 KV x fp8 q on the fp8 MFMAs, no
         dequantization: runtime/include/mlagen/device/mla_decode_gfx950_fp8.cuh). Its block
@@ -145,6 +155,8 @@ class KernelSpec:
     def body(self) -> str:
         """Which device-code body the kernel runs."""
         if self.vendor == "nvidia":
+            if self.rows_body:
+                return "sm90_rows"
             return "sm90_wgmma" if self.warpgroup else ("mma_wide" if self.kv_dtype in ("bf16", "mxfp4") else "mma_fp8")
         if self.native_fp8:
             return "gfx950_fp8"
@@ -169,6 +181,8 @@ class KernelSpec:
         with more)."""
         if self.native_fp8:
             return NATIVE_FP8_TARGET_BLOCKS
+        if self.rows_body:
+            return ROWS_BODY_TARGET_BLOCKS
         return TARGET_BLOCKS[self.arch] // 2 if self.warpgroup and self.stages > 2 else TARGET_BLOCKS[self.arch]
 
     @property
@@ -258,6 +272,15 @@ class KernelSpec:
             bad("block_n", "32 or 64")
         if self.warpgroup and self.stages > 5:
             bad("stages", "2..5 with block_n 64 on sm90a fp8 / mxfp4 (the warpgroup kernel: 37 / 21 KB a stage)")
+        if self.block_m not in (ROWS_A_BLOCK, ROWS_BODY_BLOCK_M):
+            bad("block_m", f"{ROWS_A_BLOCK} or {ROWS_BODY_BLOCK_M} (query rows a block)")
+        if self.rows_body:
+            if self.arch != "sm90a" or self.kv_dtype != "fp8e4m3fn" or self.block_n != WARPGROUP_BLOCK_N:
+                bad("block_m", f"{ROWS_A_BLOCK} except for sm90a fp8e4m3fn KV with block_n {WARPGROUP_BLOCK_N} (the rows body)")
+            if self.generic or (self.num_heads * self.q_len) % ROWS_BODY_BLOCK_M:
+                bad("block_m", f"{ROWS_A_BLOCK} unless a specialized kernel's heads x q_len is a multiple of {ROWS_BODY_BLOCK_M}")
+            if not 2 <= self.stages <= 3:
+                bad("stages", "2..3 with block_m 64 (the rows body: 37 KB a stage beside 82 KB of q and P)")
         if not 2 <= self.stages <= 8:
             bad("stages", "2..8")
         if self.vendor == "amd" and self.stages != 2:

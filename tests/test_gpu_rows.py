@@ -238,6 +238,37 @@ def test_specialized_row_kernels_match_generic(tag):
             check(sub, sub.run(fmt, force_generic=True), fmt, seed)
 
 
+def test_rows_body_matches_float64():
+    """Every kernel of the rows body (64 query rows a block, spec block_m 64) on fresh inputs of
+    its own shape: the whole output within the fp8 path's same-inputs tolerance of float32 on the
+    values it reads, every (token, head) row within 4x that and within 4x the bf16-inputs one of
+    float64, LSE against float64 (check()). An fp8 q is the task's per-tensor recipe, so its
+    reference takes the same dequantized q."""
+    specs = [k for k in mlagen.kernels() if k["role"] == "specialized" and "bm64" in k["name"].split("_")]
+    assert len(specs) >= 8, f"rows-body kernels in this build: {[k['name'] for k in specs]}"
+    tol = TOLERANCES[("fp8e4m3fn", "same_inputs")]["rel_l2"]
+    for spec in specs:
+        seed = fresh_seed()
+        heads, q_len = spec["num_heads"], spec["q_len"]
+        rows = Rows(heads, [q_len] * spec["batch"], [spec["kv_len"]] * spec["batch"], seed)
+        kw = dict(q_dtype="fp8") if spec["q_dtype"] == "fp8" else {}
+        out, lse = rows.run("fp8", lse=True, **kw)
+        assert mlagen.last_kernel()["name"] == spec["name"], f"{mlagen.last_kernel()['name']} ran, not {spec['name']}"
+        if kw:  # the q the kernel multiplies: fp8 x scale
+            q8, qs = quantize_fp8(rows.q)
+            rows.q = (q8.float() * qs).to(torch.float32)
+        ref32, _ = causal_reference(rows.q, rows.seen("fp8"), rows.q_lens, rows.kv_lens, torch.float32)
+        err = rel_l2(out, ref32)
+        assert err <= tol, f"seed {seed} {spec['name']}: rel_l2 {err:.2e} vs float32 (tolerance {tol})"
+        if not kw:
+            check(rows, out, "fp8", seed, lse)
+        else:
+            lse64 = causal_reference(rows.q.double(), rows.seen("fp8").double(), rows.q_lens, rows.kv_lens,
+                                     torch.float64)[1]
+            assert (lse.double() - lse64).abs().max().item() < 2e-2, f"seed {seed} {spec['name']}: LSE off"
+        print(f"{spec['name']}: rel_l2 {err:.2e} vs float32 (seed {seed})")
+
+
 def test_bad_rows_are_refused_naming_the_field():
     rows = Rows(16, [2, 2], [100, 100], 1)
     with pytest.raises(mlagen.MlagenError, match="q_len"):

@@ -125,7 +125,8 @@ template <class T, class Shape>
 mlagen_status launch_mla_decode(const mlagen_problem* pr, int32_t splits, void* raw_stream) {
   const Params p = make_params(pr, splits);
   const auto stream = static_cast<hipStream_t>(raw_stream);
-  const dim3 grid(splits * p.row_groups, pr->batch), block(T::kThreads);  // shapes.cuh BlockCoord
+  // shapes.cuh BlockCoord: a block owns RowsPerBlock / 16 row groups (the runtime checked the division)
+  const dim3 grid(splits * p.row_groups / (RowsBody<T>::kRowsPerBlock / kHeads), pr->batch), block(T::kThreads);
   if constexpr (T::kQ == QFormat::kFp8) {
     if (p.q_amax_parts > 0) {
       using TQ = typename T::template WithQ<QFormat::kFp8FromBf16>;

@@ -64,6 +64,19 @@ struct FusedCombine<T, decltype(void(T::kFusedCombine))> {
   static constexpr bool value = T::kFusedCombine;
 };
 
+// Whether a tiling is the sm90a rows body (T::kRowsBody; absent = no), and the query rows its
+// block owns (T::kRowsPerBlock; absent = 16, one row group: shapes.cuh block_coord).
+template <class T, class = void>
+struct RowsBody {
+  static constexpr bool value = false;
+  static constexpr int kRowsPerBlock = 16;
+};
+template <class T>
+struct RowsBody<T, decltype(void(T::kRowsBody))> {
+  static constexpr bool value = T::kRowsBody;
+  static constexpr int kRowsPerBlock = T::kRowsPerBlock;
+};
+
 // Split `split` of `splits` over a sequence of seq_len tokens, in whole tiles of block_n.
 struct SplitRange {
   int ntiles;     // tiles this split streams (0 for an empty split)

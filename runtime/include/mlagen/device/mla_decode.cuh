@@ -23,6 +23,7 @@
 #pragma once
 #include "mlagen/device/formats.cuh"
 #include "mlagen/device/mla_decode_sm90_wgmma.cuh"
+#include "mlagen/device/mla_decode_sm90_rows.cuh"
 
 #if defined(MLAGEN_NVIDIA)
 namespace mlagen::device {
@@ -524,7 +525,9 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
 template <class T, class Shape>
 __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm) mla_decode_kernel(const Params p) {
   extern __shared__ __align__(128) uint8_t smem[];
-  if constexpr (T::kWide)
+  if constexpr (RowsBody<T>::value)
+    decode_rows<T, Shape>(p, smem);
+  else if constexpr (T::kWide)
     decode_wide<T, Shape>(p, smem);
   else if constexpr (T::kWarpgroup)
     decode_wgmma<T, Shape>(p, smem);

@@ -253,21 +253,24 @@ struct DynamicShape {
 };
 
 // The block's coordinates, and its query rows (of sequence seq, whose tokens the caller read).
-template <class Shape>
+// kRows: the rows a block owns, 16 (one row group; every body but the rows one) or a multiple:
+// then a block is kRows / 16 neighbouring row groups (group = its first / (kRows / 16)), and
+// its rows' partials sit where the row groups' would (the combine is the same).
+template <class Shape, int kRows = kHeads>
 MLAGEN_DEVICE BlockCoord block_coord(const Params& p) {
-  const int groups = Shape::row_groups(p);
-  return BlockCoord{static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.x) / groups, static_cast<int>(blockIdx.x) % groups};
+  const int blocks = Shape::row_groups(p) / (kRows / kHeads);  // a split's blocks a sequence
+  return BlockCoord{static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.x) / blocks, static_cast<int>(blockIdx.x) % blocks};
 }
-template <class Shape>
+template <class Shape, int kRows = kHeads>
 MLAGEN_DEVICE QueryRows query_rows(const Params& p, const BlockCoord& c, int64_t q_row0, int q_n, int kv_len) {
   const int heads = Shape::heads(p), groups = Shape::row_groups(p);
   const int64_t slot = static_cast<int64_t>(c.b) * Shape::splits(p) + c.split;
-  return QueryRows{q_row0, kHeads * c.group, q_n * heads, heads, kv_len - q_n + 1,
-                   (slot * groups + c.group) * kHeads};
+  return QueryRows{q_row0, kRows * c.group, q_n * heads, heads, kv_len - q_n + 1,
+                   (slot * groups + c.group * (kRows / kHeads)) * kHeads};
 }
-template <class Shape>
+template <class Shape, int kRows = kHeads>
 MLAGEN_DEVICE QueryRows query_rows(const Params& p, const BlockCoord& c, const Sequence& seq) {
-  return query_rows<Shape>(p, c, seq.q_row, seq.q_len, seq.len);
+  return query_rows<Shape, kRows>(p, c, seq.q_row, seq.q_len, seq.len);
 }
 
 }  // namespace mlagen::device

@@ -264,6 +264,47 @@ MLAGEN_DEVICE void wgmma_m64n32k32_e4m3_rs(float (&d)[16], const uint32_t (&a)[4
 #endif
 }
 
+#define MLAGEN_WGMMA_D32                                                                              \
+  "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26," \
+  "%27,%28,%29,%30,%31}"
+#define MLAGEN_WGMMA_D32_OUT(d)                                                                                    \
+  MLAGEN_WGMMA_D16_OUT(d), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), \
+      "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+
+// D(64x64, f32) (+)= A(64x32, e4m3, shared, K-major) * B(64x32, e4m3, shared, K-major)^T;
+// accumulate = 0 overwrites D.
+MLAGEN_DEVICE void wgmma_m64n64k32_e4m3_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+#if defined(MLAGEN_WGMMA_UNAVAILABLE)
+  __trap();
+#else
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 " MLAGEN_WGMMA_D32 ", %32, %33, p, 1, 1;\n}\n"
+      : MLAGEN_WGMMA_D32_OUT(d)
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+#endif
+}
+// D(64x64, f32) += A(64x16, f16, registers) * B(64x16, f16, shared, K-major)^T. Register A
+// fragment (16-bit types), warp w: a[0] = A[16w + g][2t..2t+1], a[1] = A[16w + g + 8][2t..2t+1],
+// a[2] = A[16w + g][2t+8..2t+9], a[3] = A[16w + g + 8][2t+8..2t+9] (low half = lower k).
+MLAGEN_DEVICE void wgmma_m64n64k16_f16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b) {
+#if defined(MLAGEN_WGMMA_UNAVAILABLE)
+  __trap();
+#else
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " MLAGEN_WGMMA_D32
+      ", {%32,%33,%34,%35}, %36, 1, 1, 1, 0;\n"
+      : MLAGEN_WGMMA_D32_OUT(d)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+#endif
+}
+
+// A barrier for `threads` threads of the block (a multiple of 32) on hardware barrier `id`
+// (1..15; 0 is __syncthreads'): one warpgroup waits for its own warps only.
+MLAGEN_DEVICE void named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // fp32 -> e4m3 (round to nearest even, saturating to +-448): two values -> bytes [x y].
 MLAGEN_DEVICE uint16_t pack_e4m3x2(float x, float y) {
   uint16_t v;
@@ -271,6 +312,7 @@ MLAGEN_DEVICE uint16_t pack_e4m3x2(float x, float y) {
   return v;
 }
 MLAGEN_DEVICE void sts8(uint32_t addr, uint32_t v) { asm volatile("st.shared.u8 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory"); }
+MLAGEN_DEVICE void sts16(uint32_t addr, uint32_t v) { asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"(static_cast<uint16_t>(v)) : "memory"); }
 MLAGEN_DEVICE void sts32(uint32_t addr, uint32_t v) { asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory"); }
 MLAGEN_DEVICE void sts128(uint32_t addr, uint4 v) {
   asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
