@@ -144,7 +144,8 @@ def rows_case(torch, mlagen, heads, q_lens, lengths, seed, device, kv_format, q_
     if kv_format == "mxfp4":
         from mlagen import quant
         kv_data["mxfp4"] = quant.quantize_mxfp4(kv)
-    config = C.make_config(len(lengths), None)
+    uniform = len(set(lengths)) == 1 and len(set(q_lens)) == 1 and not page and not splits
+    config = C.make_config(len(lengths), lengths[0] if uniform else None)  # uniform: a specialized kernel may run
     config.update(num_heads=heads, q_seq_len=max(q_lens))
     out, lse = mlagen.decode(q, kv_data, qo, kvp, config, kv_format=kv_format, q_dtype=q_dtype, **kw)
     torch.cuda.synchronize()
@@ -170,6 +171,9 @@ ROWS_CASES = [  # (heads, q lengths, kv lengths, splits, page)
     (16, [4, 1, 3], [3, 640, 257], 3, 0),
     (32, [3, 3], [500, 2], 2, 16),
     (64, [1, 4], [64, 1025], 0, 1),
+    # uniform: the specialized rows-body kernels of these shapes (b2_kv1000 h128, b3_kv1000 ql4), short last tiles
+    (128, [1, 1], [1000, 1000], 0, 0),
+    (16, [4, 4, 4], [1000, 1000, 1000], 0, 0),
 ]
 
 

@@ -207,7 +207,8 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
   for (int k = 0; k < 8; ++k) {
     srow[k] = GR * grp + 8 * (k / 2) + 2 * t + (k % 2);
     cs[k] = col_scale[srow[k]] * s_scale;
-    key_end[k] = min(tok_end, qr.key_end(srow[k]));  // causal: the row's last key + 1
+    // causal: the row's last key + 1 (one query token sees the whole split: no per-row bound to keep)
+    key_end[k] = Shape::kRowsEndEarly ? min(tok_end, qr.key_end(srow[k])) : tok_end;
   }
   float m[8], l[8];
 #pragma unroll
@@ -248,29 +249,33 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
   for (int it = 0; it < ntiles; ++it) {
     cp_async_wait<ST - 2>();  // tile `it` landed (later ones may still fly)
     fence_proxy_async_smem();
-    __syncthreads();  // ... for every thread; P, the maxima, the factors and tile it-1's slot are free
+    __syncthreads();  // ... for every thread; the maxima and tile it-1's slot are free
     const uint32_t tile = s_base + (it % ST) * Tile::kStageBytes;
 
     // ---- S^T for the tile's 64 tokens x the group's rows: 18 k-steps of 32 dims ------------
-    float s[kSAcc];
-#pragma unroll
-    for (int i = 0; i < kSAcc; ++i) s[i] = 0.f;
+    float s[kSAcc];  // (written by the first k-step)
     const uint64_t k_desc = wgmma_desc(tile, 16, 1024, WgmmaSwizzle::k128B);
     const uint64_t rope_desc = wgmma_desc(tile + Tile::kRopeOffset, 16, 512, WgmmaSwizzle::k64B);
-    wgmma_fence_regs(s);
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < Tile::kChunksPerRow / 2; ++ks) {
       const uint64_t a = ks < 16 ? wgmma_desc_advance(k_desc, (ks / 4) * Tile::kAtom128Bytes + (ks % 4) * 32)
                                  : wgmma_desc_advance(rope_desc, (ks - 16) * 32);
       const uint64_t b = wgmma_desc_advance(q_desc, 2 * ks * L::kQLbo);
-      if constexpr (kLo) wgmma_m64n64k32_e4m3_ss(s, a, b, ks > 0);
-      else wgmma_m64n32k32_e4m3_ss(s, a, b, ks > 0);
+      if constexpr (kLo) {
+        if (ks == 0) wgmma_m64n64k32_e4m3_ss_first(s, a, b);
+        else wgmma_m64n64k32_e4m3_ss(s, a, b, 1);
+      } else {
+        if (ks == 0) wgmma_m64n32k32_e4m3_ss_first(s, a, b);
+        else wgmma_m64n32k32_e4m3_ss(s, a, b, 1);
+      }
     }
     wgmma_commit();
     issue_tile(it + ST - 1);  // slot (it - 1) % ST is free since the barrier
-    wgmma_wait<0>();
+    wgmma_wait<0>();  // S, and the previous tile's O (P and the factors are free again)
     wgmma_fence_regs(s);
+#pragma unroll
+    for (int mb = 0; mb < 4; ++mb) wgmma_fence_regs(o[mb]);
 
     // ---- softmax over the group's rows: the tile maxima meet over its 4 warps ---------------
     const int tok0 = tok_begin + it * BN;
@@ -345,10 +350,16 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
       for (int mb = 0; mb < 4; ++mb) wgmma_m64n64k16_f16_rs(o[mb], a[ks % 2][mb], wgmma_desc_advance(p_desc, 2 * ks * L::kPLbo));
       wgmma_commit();
     }
-    wgmma_wait<0>();
-#pragma unroll
-    for (int mb = 0; mb < 4; ++mb) wgmma_fence_regs(o[mb]);
+    // An fp8 q (no lo columns: 16 S registers fewer) leaves the last k-step to drain while the
+    // next tile's barrier passes and its S is issued (the wait after that S covers both): 4% on
+    // 128 heads. A bf16 q waits here: holding those fragments that long spilled and lost 13%
+    // (docs/perf.md v11).
+    if constexpr (kLo) wgmma_wait<0>();
+    else wgmma_wait<1>();
   }
+  wgmma_wait<0>();
+#pragma unroll
+  for (int mb = 0; mb < 4; ++mb) wgmma_fence_regs(o[mb]);
   cp_async_wait<0>();
   const bool bad = rows.block_any_bad(p, page_bad) || seq.bad;
 
