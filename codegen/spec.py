@@ -279,6 +279,9 @@ class KernelSpec:
                 bad("block_m", f"{ROWS_A_BLOCK} except for sm90a fp8e4m3fn KV with block_n {WARPGROUP_BLOCK_N} (the rows body)")
             if self.generic or (self.num_heads * self.q_len) % ROWS_BODY_BLOCK_M:
                 bad("block_m", f"{ROWS_A_BLOCK} unless a specialized kernel's heads x q_len is a multiple of {ROWS_BODY_BLOCK_M}")
+            if self.page_size:
+                bad("page_size", "0 with block_m 64 (the rows body's kernels read contiguous rows; paged problems take "
+                                 "the generic kernel)")
             if not 2 <= self.stages <= 3:
                 bad("stages", "2..3 with block_m 64 (the rows body: 37 KB a stage beside 82 KB of q and P)")
         if not 2 <= self.stages <= 8:

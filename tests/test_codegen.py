@@ -194,3 +194,25 @@ def test_row_specs_round_trip_and_validate():
             KernelSpec("sm90a", 4, 1024, 1, **kw)
     with pytest.raises(SpecError, match="generic"):
         KernelSpec("sm90a", 0, 0, 0, num_heads=128)
+
+
+def test_rows_body_specs_round_trip_and_validate():
+    """block_m 64 (the sm90a rows body): named _bm64, parsed back, its body and tiling; refused,
+    naming the field, where the body does not apply."""
+    from codegen.generate import tiling_expr
+    s = KernelSpec("sm90a", 64, 8192, 1, "bf16", "fp8e4m3fn", num_heads=128, block_n=64, stages=3, block_m=64)
+    assert s.name.endswith("_h128_bn64_st3_bm64") and KernelSpec.parse(s.name) == s
+    assert s.body == "sm90_rows" and s.target_blocks == 132 and "RowsTiling</*stages=*/3" in tiling_expr(s)
+    ok = dict(arch="sm90a", batch=4, kv_len=1024, splits=1, kv_dtype="fp8e4m3fn", num_heads=128, block_n=64,
+              stages=3, block_m=64)
+    for kw in (dict(block_m=32), dict(kv_dtype="bf16", block_n=32), dict(block_n=32), dict(num_heads=32),
+               dict(num_heads=16, q_len=2), dict(stages=4), dict(page_size=64)):
+        with pytest.raises(SpecError, match="block_m|stages|page_size"):
+            KernelSpec(**{**ok, **kw})
+    with pytest.raises(SpecError, match="block_m"):
+        KernelSpec("gfx950", 4, 1024, 1, num_heads=128, block_m=64, stages=2)
+    # the catalog's rows kernels of 64 rows and more take it, the others keep 16
+    from codegen.catalog import build_catalog
+    rows = [k for k in build_catalog(archs=["sm90a"]) if (k.num_heads, k.q_len) != (16, 1)]
+    assert rows and all((k.block_m == 64) == (k.num_heads * k.q_len % 64 == 0 and k.kv_dtype == "fp8e4m3fn")
+                        for k in rows)
