@@ -43,9 +43,13 @@ struct RowsLayout {
   static constexpr int kQLbo = 128, kQSbo = Tile::kChunksPerRow * 128, kQGroupBytes = kSN / 8 * kQSbo;
   // P^T: f16, 64 rows x 64 tokens, K-major core matrices (8 rows x 8 tokens)
   static constexpr int kPLbo = 128, kPSbo = kBlockN / 8 * 128, kPBytes = kRows / 8 * kPSbo;
+  // An fp8 q leaves a group's last O wgmma (which reads all 64 rows of P) running past the next
+  // tile's barrier: the other group must not write that P then, so P alternates between two
+  // buffers by tile. A bf16 q waits for its O before the barrier: one buffer.
+  static constexpr int kPBuffers = kQLo ? 1 : 2;
   static constexpr int kQOffset = kStages * Tile::kStageBytes;  // from the 1024-aligned base
   static constexpr int kPOffset = kQOffset + kGroups * kQGroupBytes;
-  static constexpr int kRedOffset = kPOffset + kPBytes;          // [4 warps][64 rows] maxima, then sums
+  static constexpr int kRedOffset = kPOffset + kPBuffers * kPBytes;          // [4 warps][64 rows] maxima, then sums
   static constexpr int kAlphaOffset = kRedOffset + 2 * 4 * kRows * 4;  // [64] this tile's O rescale factors
   static constexpr int kColOffset = kAlphaOffset + kRows * 4;          // [64] q column scales 1 / c
   static constexpr int kSmemBytes = kColOffset + kRows * 4 + Tile::kAlign;
@@ -224,7 +228,7 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
     for (int i = 0; i < 32; ++i) o[mb][i] = 0.f;
 
   const uint64_t q_desc = wgmma_desc(s_q, L::kQLbo, L::kQSbo);
-  const uint64_t p_desc = wgmma_desc(s_p, L::kPLbo, L::kPSbo);
+  const uint64_t p_desc0 = wgmma_desc(s_p, L::kPLbo, L::kPSbo);
   const int row0 = 16 * w + g;  // tile token of S^T accumulator row g (row g + 8: +8)
   // V^T fragments of k-step ks (tokens 16 ks ..): the thread's 8 dims of tokens 16 ks + 2t + {0, 1, 8, 9},
   // one 8-byte load each (a half warp's 16 loads hit 16 distinct 8-byte bank pairs: the tile's swizzle)
@@ -279,6 +283,8 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
 
     // ---- softmax over the group's rows: the tile maxima meet over its 4 warps ---------------
     const int tok0 = tok_begin + it * BN;
+    const uint32_t s_pt = s_p + (it % L::kPBuffers) * L::kPBytes;  // this tile's P^T
+    const uint64_t p_desc = wgmma_desc_advance(p_desc0, (it % L::kPBuffers) * L::kPBytes);
     float sv[2][8], mx[8];
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
@@ -312,8 +318,8 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
       const float p0 = fast_exp2(sv[0][k] - mb), p1 = fast_exp2(sv[1][k] - mb);
       l[k] = l[k] * alpha[k] + p0 + p1;
       const uint32_t h2 = pack_f16x2(p0, p1);
-      sts16(s_p + L::p_at(srow[k], row0), h2 & 0xffffu);
-      sts16(s_p + L::p_at(srow[k], row0 + 8), h2 >> 16);
+      sts16(s_pt + L::p_at(srow[k], row0), h2 & 0xffffu);
+      sts16(s_pt + L::p_at(srow[k], row0 + 8), h2 >> 16);
     }
     if (w == 0 && g == 0)
 #pragma unroll
@@ -351,8 +357,8 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
       wgmma_commit();
     }
     // An fp8 q (no lo columns: 16 S registers fewer) leaves the last k-step to drain while the
-    // next tile's barrier passes and its S is issued (the wait after that S covers both): 4% on
-    // 128 heads. A bf16 q waits here: holding those fragments that long spilled and lost 13%
+    // next tile's barrier passes and its S is issued (the wait after that S covers both; the next
+    // tile's P goes to the other buffer, which this O does not read): 4% on 128 heads. A bf16 q waits here: holding those fragments that long spilled and lost 13%
     // (docs/perf.md v11).
     if constexpr (kLo) wgmma_wait<0>();
     else wgmma_wait<1>();
