@@ -911,13 +911,14 @@ def bench_rows(ctx, cases) -> list[dict]:
         row = dict(shape=name, batch=batch, kv_len=kv_len, heads=heads, q_len=q_len, flashmla_error=fm_error,
                    columns={}, kernels={}, errors=[])
         x = rows_inputs(torch, batch, kv_len, heads, q_len, args.seed + heads + q_len, ctx.device)
+        kw = ctx.decode_kwargs  # (--force-generic, --kernel)
         calls = {
             "fp8 KV, bf16 q": (("fp8", False), functools.partial(mg.decode, x["q"], x["kv"], x["qo_indptr"], x["kv_indptr"],
-                                                        x["config"], kv_format="fp8")),
+                                                        x["config"], kv_format="fp8", **kw)),
             "fp8 KV, fp8 q": (("fp8", True), functools.partial(mg.decode, x["q"], x["kv"], x["qo_indptr"], x["kv_indptr"],
-                                                       x["config"], kv_format="fp8", q_dtype="fp8")),
+                                                       x["config"], kv_format="fp8", q_dtype="fp8", **kw)),
             "bf16 KV": (("bf16", False), functools.partial(mg.decode, x["q"], x["kv"], x["qo_indptr"], x["kv_indptr"],
-                                                  x["config"], kv_format="bf16")),
+                                                  x["config"], kv_format="bf16", **kw)),
         }
         if fm is not None:
             kc = x["kv"]["bf16"].view(-1, 64, 1, 576)

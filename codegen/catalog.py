@@ -46,6 +46,9 @@ ROWS_SPECIALIZED = {"sm90a": {(128, 1): ((("bf16", "fp8e4m3fn"), ("fp8", "fp8e4m
                               (32, 1): ((("bf16", "fp8e4m3fn"),), ((64, 8192),)),
                               (16, 2): ((("bf16", "fp8e4m3fn"),), ((32, 8192), (64, 8192), (256, 8192))),
                               (16, 4): ((("bf16", "fp8e4m3fn"),), ((32, 8192), (64, 8192), (256, 8192), (3, 1000)))}}
+# The generic kernel of the rows body (spec block_m 64, role 3): the runtime takes it instead of
+# the generic kernel when a problem's heads x q_len is a multiple of 64 (paged or not, any lengths).
+GENERIC_ROWS = {("sm90a", "fp8e4m3fn"): dict(block_n=64, stages=3, block_m=64)}
 # Tile choices built as generic kernels besides the default, so `make tune` can measure
 # them on any shape without regenerating: (block_n, stages) per (arch, kv dtype).
 TUNING_TILES = {("sm90a", "fp8e4m3fn"): ((32, 3), (32, 4), (32, 6), (64, 3)),
@@ -150,6 +153,8 @@ def build_catalog(shapes: Iterable[tuple[int, int]] | None = None,
         specialized = (dtypes or DEFAULT_DTYPES)[arch]
         for q_dtype, kv_dtype in dict.fromkeys(specialized + GENERIC_DTYPES.get(arch, ())):
             specs.append(generic_spec(arch, q_dtype, kv_dtype))
+            if (arch, kv_dtype) in GENERIC_ROWS:  # the generic rows body (role 3): 64..128 rows a sequence
+                specs.append(KernelSpec(arch, ANY, ANY, ANY, q_dtype, kv_dtype, **GENERIC_ROWS[(arch, kv_dtype)]))
             if q_dtype == "bf16":  # tile candidates: the q format does not change the tiling
                 for block_n, stages in TUNING_TILES.get((arch, kv_dtype), ()):
                     specs.append(KernelSpec(arch, ANY, ANY, ANY, q_dtype, kv_dtype, block_n=block_n, stages=stages))

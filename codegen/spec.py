@@ -188,9 +188,13 @@ class KernelSpec:
     @property
     def role(self) -> int:
         """0: specialized; 1: the generic kernel; 2: a generic tuning candidate with
-        non-default tiles, reachable by name only (make tune measures them)."""
+        non-default tiles, reachable by name only (make tune measures them); 3: the generic
+        rows-body kernel, which the runtime takes instead of 1 when heads x q_len is a multiple
+        of 64."""
         if not self.generic:
             return 0
+        if self.rows_body:
+            return 3
         default = default_tiles(self.arch, self.kv_dtype)
         return 1 if (self.block_n, self.stages) == (default["block_n"], default["stages"]) else 2
 
@@ -198,7 +202,7 @@ class KernelSpec:
     def key(self) -> tuple:
         """What the runtime looks a problem up by: everything but the tuning choices
         (tuning candidates are told apart by their tiles)."""
-        tiles = (self.block_n, self.stages) if self.role == 2 else ()
+        tiles = (self.block_n, self.stages) if self.role == 2 else ("rows",) if self.role == 3 else ()
         return (self.arch, self.batch, self.kv_len, self.q_dtype, self.kv_dtype,
                 self.num_heads, self.q_len, self.page_size) + tiles
 
@@ -277,8 +281,9 @@ class KernelSpec:
         if self.rows_body:
             if self.arch != "sm90a" or self.kv_dtype != "fp8e4m3fn" or self.block_n != WARPGROUP_BLOCK_N:
                 bad("block_m", f"{ROWS_A_BLOCK} except for sm90a fp8e4m3fn KV with block_n {WARPGROUP_BLOCK_N} (the rows body)")
-            if self.generic or (self.num_heads * self.q_len) % ROWS_BODY_BLOCK_M:
-                bad("block_m", f"{ROWS_A_BLOCK} unless a specialized kernel's heads x q_len is a multiple of {ROWS_BODY_BLOCK_M}")
+            if not self.generic and (self.num_heads * self.q_len) % ROWS_BODY_BLOCK_M:
+                bad("block_m", f"{ROWS_A_BLOCK} unless the kernel's heads x q_len is a multiple of {ROWS_BODY_BLOCK_M} "
+                               "(the generic rows kernel: checked at run time)")
             if self.page_size:
                 bad("page_size", "0 with block_m 64 (the rows body's kernels read contiguous rows; paged problems take "
                                  "the generic kernel)")

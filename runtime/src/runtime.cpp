@@ -194,13 +194,17 @@ mlagen_status check_kv(const mlagen_problem* p, const KernelEntry& e) {
   return MLAGEN_OK;
 }
 
-const KernelEntry* find_generic(int32_t q_dtype, int32_t kv_dtype) {
+// The generic kernel of the dtypes: the rows body's (role 3) when the problem's query rows fill its
+// blocks of 64 and the build has one, else role 1.
+const KernelEntry* find_generic(int32_t q_dtype, int32_t kv_dtype, int32_t rows) {
+  const KernelEntry* found = nullptr;
   for (size_t i = 0; i < num_entries(); ++i) {
     const KernelEntry& e = kKernelTable[i];
-    if (e.role == 1 && e.q_dtype == q_dtype && e.kv_dtype == kv_dtype && !std::strcmp(e.arch, MLAGEN_BUILD_ARCH))
-      return &e;
+    if (e.q_dtype != q_dtype || e.kv_dtype != kv_dtype || std::strcmp(e.arch, MLAGEN_BUILD_ARCH)) continue;
+    if (e.role == 3 && rows % e.block_m == 0) return &e;
+    if (e.role == 1 && !found) found = &e;
   }
-  return nullptr;
+  return found;
 }
 
 // Splits for a kernel that takes them at run time; e.target_blocks is the generated
@@ -210,7 +214,7 @@ int generic_splits(const mlagen_problem* p, const KernelEntry& e) {
   const int64_t avg = p->total_kv / p->batch;
   // Same rule as the generator's catalog.heuristic_splits(): round half up.
   // (a sequence's row groups are blocks too: 128 heads are 8 blocks of 16 rows a split)
-  const int64_t blocks = static_cast<int64_t>(p->batch) * row_groups(p->num_heads, p->q_len);
+  const int64_t blocks = static_cast<int64_t>(p->batch) * row_groups(p->num_heads, p->q_len) / (e.block_m / 16);
   int s = static_cast<int>(static_cast<double>(e.target_blocks) / blocks + 0.5);
   s = std::max(1, std::min<int>(s, static_cast<int>(std::max<int64_t>(1, avg / 256))));
   return std::min(s, 64);
@@ -234,6 +238,9 @@ mlagen_status choose_entry(const mlagen_problem* p, const KernelEntry** entry, i
       if (e.role == 0 && (e.batch != p->batch || e.kv_len != p->kv_len))
         return fail(MLAGEN_ERR_INVALID, "kernel_name=%s: serves batch=%d kv_len=%d only, the problem has batch=%d kv_len=%d",
                     e.name, e.batch, e.kv_len, p->batch, p->kv_len);
+      if (e.role == 3 && (p->num_heads * p->q_len) % e.block_m)
+        return fail(MLAGEN_ERR_INVALID, "kernel_name=%s: takes num_heads x q_len a multiple of %d, the problem has %d x %d",
+                    e.name, e.block_m, p->num_heads, p->q_len);
       if (e.role == 0 && p->splits != 0 && p->splits != e.splits)
         return fail(MLAGEN_ERR_INVALID, "splits=%d: kernel_name=%s runs %d splits (fixed at generation); expected 0 or %d",
                     p->splits, e.name, e.splits, e.splits);
@@ -258,7 +265,7 @@ mlagen_status choose_entry(const mlagen_problem* p, const KernelEntry** entry, i
       }
     }
   }
-  const KernelEntry* g = find_generic(p->q_dtype, p->kv_dtype);
+  const KernelEntry* g = find_generic(p->q_dtype, p->kv_dtype, p->num_heads * p->q_len);
   if (!g)
     return fail(MLAGEN_ERR_UNSUPPORTED,
                 "no kernel for key {arch=%s, batch=%d, kv_len=%d, q_dtype=%s, kv_dtype=%s, num_heads=%d, q_len=%d} "

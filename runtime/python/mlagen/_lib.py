@@ -68,7 +68,7 @@ class KernelInfo(ctypes.Structure):
                 "block_n": self.block_n, "stages": self.stages, "batch": self.batch, "kv_len": self.kv_len,
                 "q_dtype": DTYPE_NAME.get(self.q_dtype), "kv_dtype": DTYPE_NAME.get(self.kv_dtype),
                 "page_size": self.page_size, "num_heads": self.num_heads, "q_len": self.q_len,
-                "role": ("specialized", "generic", "candidate")[self.role]}
+                "role": ("specialized", "generic", "candidate", "generic_rows")[self.role]}
 
 
 class Args(ctypes.Structure):

@@ -52,7 +52,9 @@ struct RowsLayout {
   static constexpr int kRedOffset = kPOffset + kPBuffers * kPBytes;          // [4 warps][64 rows] maxima, then sums
   static constexpr int kAlphaOffset = kRedOffset + 2 * 4 * kRows * 4;  // [64] this tile's O rescale factors
   static constexpr int kColOffset = kAlphaOffset + kRows * 4;          // [64] q column scales 1 / c
-  static constexpr int kSmemBytes = kColOffset + kRows * 4 + Tile::kAlign;
+  static constexpr int kRowCsOffset = kColOffset + kRows * 4;       // [64] the generic kernel's S factors
+  static constexpr int kRowEndOffset = kRowCsOffset + kRows * 4;     // [64] ... and causal ends
+  static constexpr int kSmemBytes = kRowEndOffset + kRows * 4 + Tile::kAlign;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory over sm_90's 227 KB a block: fewer stages");
 
   MLAGEN_DEVICE static uint32_t q_at(int row, int byte) {
@@ -99,6 +101,12 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
   float* red_sum = red_max + 4 * R;
   float* alpha_x = reinterpret_cast<float*>(smem + L::kAlphaOffset);  // [block row]
   float* col_scale = reinterpret_cast<float*>(smem + L::kColOffset);  // [block row]: 1 / c
+  // The softmax's per-row constants (S factor, causal end): registers in a specialized kernel; in
+  // shared memory for the generic one, whose run-time shape leaves no room for 16 more registers
+  // (120 bytes of spills with them)
+  constexpr bool kRowsInSmem = Shape::kGeneric;
+  float* row_cs = reinterpret_cast<float*>(smem + L::kRowCsOffset);
+  int* row_end = reinterpret_cast<int*>(smem + L::kRowEndOffset);
 
   const BlockCoord bc = block_coord<Shape, R>(p);
   allow_dependent_launch();
@@ -210,9 +218,14 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
     srow[k] = GR * grp + 8 * (k / 2) + 2 * t + (k % 2);
+    if constexpr (kRowsInSmem) continue;
     cs[k] = col_scale[srow[k]] * s_scale;
     // causal: the row's last key + 1 (one query token sees the whole split: no per-row bound to keep)
     key_end[k] = Shape::kRowsEndEarly ? min(tok_end, qr.key_end(srow[k])) : tok_end;
+  }
+  if (kRowsInSmem && tid < R) {  // read after the first tile's barrier
+    row_cs[tid] = col_scale[tid] * s_scale;
+    row_end[tid] = min(tok_end, qr.key_end(tid));
   }
   float m[8], l[8];
 #pragma unroll
@@ -291,9 +304,11 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
       const int j = k / 2, e = k % 2;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        float x = s[4 * j + 2 * r + e] * cs[k];
-        if constexpr (kLo) x += s[4 * (j + 4) + 2 * r + e] * (cs[k] * 0.0625f);
-        sv[r][k] = tok0 + row0 + 8 * r < key_end[k] ? x : -INFINITY;
+        const float csk = kRowsInSmem ? row_cs[srow[k]] : cs[k];
+        const int endk = kRowsInSmem ? row_end[srow[k]] : key_end[k];
+        float x = s[4 * j + 2 * r + e] * csk;
+        if constexpr (kLo) x += s[4 * (j + 4) + 2 * r + e] * (csk * 0.0625f);
+        sv[r][k] = tok0 + row0 + 8 * r < endk ? x : -INFINITY;
       }
       mx[k] = fmaxf(sv[0][k], sv[1][k]);
 #pragma unroll
