@@ -19,7 +19,11 @@
 //
 // Per tile and 64 rows that is 18 (S) + 16 (O) wgmmas a group instead of the 16-row kernel's
 // 4 x (18 + 16) narrower ones, one V^T conversion per dim instead of one per 16 rows, and the
-// softmax of 8 rows a thread. One block an SM (256 threads x ~200 registers).
+// softmax of 8 rows a thread. One block an SM (256 threads x 255 registers, no spills).
+// Measured (docs/perf.md v11): 322 us at 128 heads, 64x8192, against 471 with 16-row blocks; the
+// two groups run S, softmax and O in lockstep, S at the SM's shared-memory bandwidth, the tensor
+// cores ~50% busy. The generic kernel of this body (registry role 3) serves contiguous problems
+// whose heads x q_len is a multiple of 64.
 #pragma once
 #include "mlagen/device/mla_decode_sm90_wgmma.cuh"
 
