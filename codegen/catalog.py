@@ -10,8 +10,8 @@ import os
 import re
 from typing import Iterable
 
-from .spec import (ANY, ARCHS, IMPLEMENTED, NATIVE_FP8_TARGET_BLOCKS, ROWS_BODY_BLOCK_M, ROWS_BODY_TARGET_BLOCKS,
-                   WARPGROUP_BLOCK_N, KernelSpec, SpecError, default_tiles, row_groups)
+from .spec import (ANY, ARCHS, IMPLEMENTED, NATIVE_FP8_TARGET_BLOCKS, ROWS_BODY, ROWS_BODY_TARGET_BLOCKS, KernelSpec,
+                   SpecError, default_tiles, row_groups)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TUNING_FILE = os.path.join(HERE, "tuning.json")
@@ -46,9 +46,9 @@ ROWS_SPECIALIZED = {"sm90a": {(128, 1): ((("bf16", "fp8e4m3fn"), ("fp8", "fp8e4m
                               (32, 1): ((("bf16", "fp8e4m3fn"),), ((64, 8192),)),
                               (16, 2): ((("bf16", "fp8e4m3fn"),), ((32, 8192), (64, 8192), (256, 8192))),
                               (16, 4): ((("bf16", "fp8e4m3fn"),), ((32, 8192), (64, 8192), (256, 8192), (3, 1000)))}}
-# The generic kernel of the rows body (spec block_m 64, role 3): the runtime takes it instead of
-# the generic kernel when a problem's heads x q_len is a multiple of 64 (paged or not, any lengths).
-GENERIC_ROWS = {("sm90a", "fp8e4m3fn"): dict(block_n=64, stages=3, block_m=64)}
+# The rows body (spec.ROWS_BODY): the specialized kernels above whose heads x q_len is a multiple
+# of 64 take it, and so does a generic kernel (role 3) that the runtime takes instead of the
+# generic kernel for contiguous problems with such rows (any lengths).
 # Tile choices built as generic kernels besides the default, so `make tune` can measure
 # them on any shape without regenerating: (block_n, stages) per (arch, kv dtype).
 TUNING_TILES = {("sm90a", "fp8e4m3fn"): ((32, 3), (32, 4), (32, 6), (64, 3)),
@@ -107,10 +107,10 @@ def rows_params(arch: str, batch: int, kv_len: int, kv_dtype: str, heads: int, q
     """A query-rows kernel's tiling: the rows body (64 rows a block, one block an SM) where it
     applies (sm90a fp8 KV, heads x q_len a multiple of 64), else the 16-row body's heuristic."""
     rows = heads * q_len
-    if arch == "sm90a" and kv_dtype == "fp8e4m3fn" and rows % ROWS_BODY_BLOCK_M == 0:
-        blocks = batch * rows // ROWS_BODY_BLOCK_M
-        return dict(splits=heuristic_splits(ROWS_BODY_TARGET_BLOCKS, blocks, kv_len), block_n=WARPGROUP_BLOCK_N,
-                    stages=3, block_m=ROWS_BODY_BLOCK_M)
+    tiles = ROWS_BODY.get((arch, kv_dtype))
+    if tiles and rows % tiles["block_m"] == 0:
+        blocks = batch * rows // tiles["block_m"]
+        return dict(splits=heuristic_splits(ROWS_BODY_TARGET_BLOCKS, blocks, kv_len), **tiles)
     return heuristic_params(arch, batch, kv_len, kv_dtype, row_groups(heads, q_len))
 
 
@@ -153,8 +153,8 @@ def build_catalog(shapes: Iterable[tuple[int, int]] | None = None,
         specialized = (dtypes or DEFAULT_DTYPES)[arch]
         for q_dtype, kv_dtype in dict.fromkeys(specialized + GENERIC_DTYPES.get(arch, ())):
             specs.append(generic_spec(arch, q_dtype, kv_dtype))
-            if (arch, kv_dtype) in GENERIC_ROWS:  # the generic rows body (role 3): 64..128 rows a sequence
-                specs.append(KernelSpec(arch, ANY, ANY, ANY, q_dtype, kv_dtype, **GENERIC_ROWS[(arch, kv_dtype)]))
+            if (arch, kv_dtype) in ROWS_BODY:  # the generic rows body (role 3): 64..128 rows a sequence
+                specs.append(KernelSpec(arch, ANY, ANY, ANY, q_dtype, kv_dtype, **ROWS_BODY[(arch, kv_dtype)]))
             if q_dtype == "bf16":  # tile candidates: the q format does not change the tiling
                 for block_n, stages in TUNING_TILES.get((arch, kv_dtype), ()):
                     specs.append(KernelSpec(arch, ANY, ANY, ANY, q_dtype, kv_dtype, block_n=block_n, stages=stages))

@@ -45,6 +45,7 @@ def default_tiles(arch: str, kv_dtype: str) -> dict:
 # generated registry) both read this table.
 TARGET_BLOCKS = {"sm90a": 132 * 2, "gfx950": 256 * 2, "gfx942": 304 * 2}
 NATIVE_FP8_TARGET_BLOCKS = 256  # gfx950 native fp8: one block (144 KB of LDS) on each of 256 CUs
+ROWS_BODY_TARGET_BLOCKS = TARGET_BLOCKS["sm90a"] // 2  # the rows body: one block an SM
 Q_DTYPES = ("bf16", "fp8")
 KV_DTYPES = ("bf16", "fp8e4m3fn", "fp8e4m3fnuz", "mxfp4")
 
@@ -67,7 +68,8 @@ ROWS_A_BLOCK = 16  # query rows a row group (shapes.cuh QueryRows::kRows): the b
 # block_m 64: the sm90a rows body (runtime/include/mlagen/device/mla_decode_sm90_rows.cuh), two
 # warpgroups over 64 query rows, fp8 KV in tiles of 64, one block an SM
 ROWS_BODY_BLOCK_M = 64
-ROWS_BODY_TARGET_BLOCKS = 132
+# (arch, kv dtype) -> the rows body's tiles: where it exists, and what its kernels are built with
+ROWS_BODY = {("sm90a", "fp8e4m3fn"): dict(block_n=WARPGROUP_BLOCK_N, stages=3, block_m=ROWS_BODY_BLOCK_M)}
 
 
 def row_groups(num_heads: int, q_len: int) -> int:
@@ -279,8 +281,10 @@ class KernelSpec:
         if self.block_m not in (ROWS_A_BLOCK, ROWS_BODY_BLOCK_M):
             bad("block_m", f"{ROWS_A_BLOCK} or {ROWS_BODY_BLOCK_M} (query rows a block)")
         if self.rows_body:
-            if self.arch != "sm90a" or self.kv_dtype != "fp8e4m3fn" or self.block_n != WARPGROUP_BLOCK_N:
-                bad("block_m", f"{ROWS_A_BLOCK} except for sm90a fp8e4m3fn KV with block_n {WARPGROUP_BLOCK_N} (the rows body)")
+            tiles = ROWS_BODY.get((self.arch, self.kv_dtype))
+            if not tiles or self.block_n != tiles["block_n"]:
+                bad("block_m", f"{ROWS_A_BLOCK} except for {', '.join(f'{a} {k}' for a, k in ROWS_BODY)} KV with "
+                               f"block_n {WARPGROUP_BLOCK_N} (the rows body)")
             if not self.generic and (self.num_heads * self.q_len) % ROWS_BODY_BLOCK_M:
                 bad("block_m", f"{ROWS_A_BLOCK} unless the kernel's heads x q_len is a multiple of {ROWS_BODY_BLOCK_M} "
                                "(the generic rows kernel: checked at run time)")
