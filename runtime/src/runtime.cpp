@@ -332,7 +332,7 @@ mlagen_status make_plan(const mlagen_problem* p, mlagen_plan_s* plan) {
   plan->problem.kernel_name = nullptr;  // not kept: the caller's string may go
   plan->entry = e;
   plan->splits = splits;
-  plan->workspace_bytes = workspace_layout(p->batch, splits, row_groups(p->num_heads, p->q_len) * 16).bytes;
+  plan->workspace_bytes = workspace_layout(p, splits).bytes;
   plan->q_align = p->q_from_bf16 ? 16 : (p->q_dtype == MLAGEN_DTYPE_FP8 ? 4 : 8);
   return MLAGEN_OK;
 }
@@ -369,7 +369,7 @@ size_t mlagen_workspace_bytes(const mlagen_problem* p) {
   const KernelEntry* e = nullptr;
   int splits = 0;
   if (choose(p, &e, &splits) != MLAGEN_OK) return 0;
-  return workspace_layout(p->batch, splits, row_groups(p->num_heads, p->q_len) * 16).bytes;
+  return workspace_layout(p, splits).bytes;
 }
 
 mlagen_status mlagen_decode(const mlagen_problem* p, mlagen_kernel_info* ran, void* stream) {

@@ -41,7 +41,7 @@ struct WorkspaceLayout {
 inline int32_t row_groups(int32_t num_heads, int32_t q_len) { return (num_heads * q_len + 15) / 16; }
 
 // rows: query rows a split's partial holds a sequence (row_groups * 16)
-inline WorkspaceLayout workspace_layout(int64_t batch, int64_t splits, int64_t rows = 16, int64_t v_dim = 512) {
+inline WorkspaceLayout workspace_layout(int64_t batch, int64_t splits, int64_t rows, int64_t v_dim = 512) {
   auto align = [](size_t x) { return (x + 255) / 256 * 256; };
   WorkspaceLayout w{};
   w.cnt_offset = kSplitCountersOffset;
@@ -51,6 +51,11 @@ inline WorkspaceLayout workspace_layout(int64_t batch, int64_t splits, int64_t r
   const size_t o_bytes = splits > 1 ? static_cast<size_t>(batch * splits * rows * v_dim) * 4 : 0;
   w.bytes = w.o_offset + o_bytes;
   return w;
+}
+// A problem's workspace at `splits`: its rows are row_groups x 16 a sequence (the planner, the
+// size query and the launcher all take it from here).
+inline WorkspaceLayout workspace_layout(const mlagen_problem* p, int64_t splits) {
+  return workspace_layout(p->batch, splits, int64_t{row_groups(p->num_heads, p->q_len)} * 16, p->v_dim);
 }
 
 // Sets the calling thread's error message; returns `status` for `return fail(...)`.

@@ -9,7 +9,7 @@ namespace mlagen::device {
 
 inline Params make_params(const mlagen_problem* pr, int32_t splits) {
   const int32_t groups = row_groups(pr->num_heads, pr->q_len);
-  const WorkspaceLayout ws = workspace_layout(pr->batch, splits, groups * kHeads);
+  const WorkspaceLayout ws = workspace_layout(pr, splits);
   auto* base = static_cast<uint8_t*>(pr->workspace);
   Params p{};
   p.q = pr->q;
