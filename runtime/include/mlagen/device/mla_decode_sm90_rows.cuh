@@ -181,36 +181,13 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
 #pragma unroll
   for (int ps = 0; ps < 2; ++ps) {
     const int lr = 16 * ps + qh;
-    float4 v[18];
-    float amax = 0.f;
-#pragma unroll
-    for (int i = 0; i < 18; ++i) {
-      v[i] = q4_from_raw<T::kQ>(qq, q_raw[ps][i]);
-      amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[i].x), fabsf(v[i].y)), fmaxf(fabsf(v[i].z), fabsf(v[i].w))));
-    }
-    int k = 0;  // an fp8 q goes to the tensor cores as it is (exact in e4m3)
-    if constexpr (kLo) {
-#pragma unroll
-      for (int o = 4; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor(amax, o));
-      // c = 2^(7 - floor(log2 amax)): the row's largest |q| * c lies in [128, 256), under 448
-      const int e = amax > 0.f ? static_cast<int>((__float_as_uint(amax) >> 23) & 0xffu) - 127 : 0;
-      k = min(127, max(-126, 7 - e));
-    }
-    const float c = pow2i(k);
-#pragma unroll
-    for (int i = 0; i < 18; ++i) {
+    // an fp8 q goes to the tensor cores as it is (exact in e4m3: no lo part)
+    const float inv_c = stage_q_row<T::kQ, kLo>(qq, q_raw[ps], [&](int i, uint32_t hi, uint32_t lo) {
       const int d = dim_of(i);
-      if constexpr (kLo) {
-        uint32_t hi01, lo01, hi23, lo23;
-        split_e4m3(v[i].x * c, v[i].y * c, hi01, lo01);
-        split_e4m3(v[i].z * c, v[i].w * c, hi23, lo23);
-        sts32(s_q + L::q_at(lr, d), hi01 | (hi23 << 16));
-        sts32(s_q + L::q_at(GR + lr, d), lo01 | (lo23 << 16));
-      } else {
-        sts32(s_q + L::q_at(lr, d), pack_e4m3x2(v[i].x, v[i].y) | (static_cast<uint32_t>(pack_e4m3x2(v[i].z, v[i].w)) << 16));
-      }
-    }
-    if (part == 0) col_scale[GR * grp + lr] = pow2i(-k);  // S = (hi column) / c + (lo column) / (16 c)
+      sts32(s_q + L::q_at(lr, d), hi);
+      if constexpr (kLo) sts32(s_q + L::q_at(GR + lr, d), lo);
+    });
+    if (part == 0) col_scale[GR * grp + lr] = inv_c;  // S = (hi column) / c + (lo column) / (16 c)
   }
   fence_proxy_async_smem();
   __syncthreads();

@@ -107,6 +107,44 @@ MLAGEN_DEVICE void split_e4m3(float x0, float x1, uint32_t& hi, uint32_t& lo) {
   lo = pack_e4m3x2((x0 - hf.x) * 16.f, (x1 - hf.y) * 16.f);
 }
 
+// One query row into a warpgroup kernel's e4m3 q operand (both sm90a bodies). Its 8 threads
+// (lanes 8 r .. 8 r + 7) hold the row's 576 values as raw[18] (load_q4_raw, 4 values each). The
+// values are multiplied by c = 2^k, a per-row power of two that puts the largest |q| in
+// [128, 256) (under 448), and split into e4m3 hi + lo / 16 (kLo: ~8 significant bits, as bf16
+// has). Without kLo (an fp8 q, exact in e4m3) they go as they are, c = 1. Value group i is stored
+// through store(i, hi word, lo word). Returns 1 / c, the row's S factor.
+template <QFormat QF, bool kLo, class Store>
+MLAGEN_DEVICE float stage_q_row(const QQuant& qq, const uint2 (&raw)[18], Store&& store) {
+  float4 v[18];
+  float amax = 0.f;
+#pragma unroll
+  for (int i = 0; i < 18; ++i) {
+    v[i] = q4_from_raw<QF>(qq, raw[i]);
+    amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[i].x), fabsf(v[i].y)), fmaxf(fabsf(v[i].z), fabsf(v[i].w))));
+  }
+  int k = 0;
+  if constexpr (kLo) {
+#pragma unroll
+    for (int o = 4; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor(amax, o));
+    // c = 2^(7 - floor(log2 amax)): the row's largest |q| * c lies in [128, 256), under 448
+    const int e = amax > 0.f ? static_cast<int>((__float_as_uint(amax) >> 23) & 0xffu) - 127 : 0;
+    k = min(127, max(-126, 7 - e));
+    const float c = pow2i(k);
+#pragma unroll
+    for (int i = 0; i < 18; ++i) {
+      uint32_t hi01, lo01, hi23, lo23;
+      split_e4m3(v[i].x * c, v[i].y * c, hi01, lo01);
+      split_e4m3(v[i].z * c, v[i].w * c, hi23, lo23);
+      store(i, hi01 | (hi23 << 16), lo01 | (lo23 << 16));
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 18; ++i)
+      store(i, pack_e4m3x2(v[i].x, v[i].y) | (static_cast<uint32_t>(pack_e4m3x2(v[i].z, v[i].w)) << 16), 0u);
+  }
+  return pow2i(-k);
+}
+
 template <class T, class Shape>
 MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   using namespace sm90;
@@ -270,29 +308,12 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   for (int i = 0; i < 18; ++i) q_raw[i] = load_q4_raw<T::kQ>(p, qr.token(h), qr.head(h), dim_of(i));
   const QQuant qq = q_setup<T::kQ>(p, q_given);
   {
-    float4 v[18];
-    float amax = 0.f;
-#pragma unroll
-    for (int i = 0; i < 18; ++i) {
-      v[i] = q4_from_raw<T::kQ>(qq, q_raw[i]);
-      amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[i].x), fabsf(v[i].y)), fmaxf(fabsf(v[i].z), fabsf(v[i].w))));
-    }
-#pragma unroll
-    for (int o = 4; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor(amax, o));
-    // c = 2^(7 - floor(log2 amax)): the head's largest |q| * c lies in [128, 256), under 448
-    const int e = amax > 0.f ? static_cast<int>((__float_as_uint(amax) >> 23) & 0xffu) - 127 : 0;
-    const int k = min(127, max(-126, 7 - e));
-    const float c = pow2i(k);
-#pragma unroll
-    for (int i = 0; i < 18; ++i) {
-      uint32_t hi01, lo01, hi23, lo23;
-      split_e4m3(v[i].x * c, v[i].y * c, hi01, lo01);
-      split_e4m3(v[i].z * c, v[i].w * c, hi23, lo23);
+    const float inv_c = stage_q_row<T::kQ, true>(qq, q_raw, [&](int i, uint32_t hi, uint32_t lo) {
       const int d = dim_of(i);
-      sts32(s_q + L::q_at(h, d), hi01 | (hi23 << 16));
-      sts32(s_q + L::q_at(kHeads + h, d), lo01 | (lo23 << 16));
-    }
-    if (part == 0) col_scale[h] = pow2i(-k);  // S = (hi column) / c + (lo column) / (16 c)
+      sts32(s_q + L::q_at(h, d), hi);
+      sts32(s_q + L::q_at(kHeads + h, d), lo);
+    });
+    if (part == 0) col_scale[h] = inv_c;  // S = (hi column) / c + (lo column) / (16 c)
   }
   if (kMx && tid < L::kMxLut) {  // entry i: the e4m3 bytes of the E2M1 magnitudes x 2^(i - 13), rounded to nearest even
     const float f = pow2i(tid - 13);
