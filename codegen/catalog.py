@@ -10,8 +10,8 @@ import os
 import re
 from typing import Iterable
 
-from .spec import (ANY, ARCHS, IMPLEMENTED, NATIVE_FP8_TARGET_BLOCKS, ROWS_BODY, ROWS_BODY_TARGET_BLOCKS, KernelSpec,
-                   SpecError, default_tiles, row_groups)
+from .spec import (ANY, ARCHS, IMPLEMENTED, NATIVE_FP8_TARGET_BLOCKS, ROWS_BODY_TARGET_BLOCKS, KernelSpec,
+                   SpecError, default_tiles, row_groups, rows_body_tiles)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TUNING_FILE = os.path.join(HERE, "tuning.json")
@@ -103,11 +103,11 @@ def heuristic_params(arch: str, batch: int, kv_len: int, kv_dtype: str = "fp8e4m
                 block_n=generic.block_n, stages=generic.stages)
 
 
-def rows_params(arch: str, batch: int, kv_len: int, kv_dtype: str, heads: int, q_len: int) -> dict:
+def rows_params(arch: str, batch: int, kv_len: int, q_dtype: str, kv_dtype: str, heads: int, q_len: int) -> dict:
     """A query-rows kernel's tiling: the rows body (64 rows a block, one block an SM) where it
     applies (sm90a fp8 KV, heads x q_len a multiple of 64), else the 16-row body's heuristic."""
     rows = heads * q_len
-    tiles = ROWS_BODY.get((arch, kv_dtype))
+    tiles = rows_body_tiles(arch, q_dtype, kv_dtype)
     if tiles and rows % tiles["block_m"] == 0:
         blocks = batch * rows // tiles["block_m"]
         return dict(splits=heuristic_splits(ROWS_BODY_TARGET_BLOCKS, blocks, kv_len), **tiles)
@@ -153,8 +153,9 @@ def build_catalog(shapes: Iterable[tuple[int, int]] | None = None,
         specialized = (dtypes or DEFAULT_DTYPES)[arch]
         for q_dtype, kv_dtype in dict.fromkeys(specialized + GENERIC_DTYPES.get(arch, ())):
             specs.append(generic_spec(arch, q_dtype, kv_dtype))
-            if (arch, kv_dtype) in ROWS_BODY:  # the generic rows body (role 3): 64..128 rows a sequence
-                specs.append(KernelSpec(arch, ANY, ANY, ANY, q_dtype, kv_dtype, **ROWS_BODY[(arch, kv_dtype)]))
+            rows_tiles = rows_body_tiles(arch, q_dtype, kv_dtype)
+            if rows_tiles:  # the generic rows body (role 3): 64..128 rows a sequence
+                specs.append(KernelSpec(arch, ANY, ANY, ANY, q_dtype, kv_dtype, **rows_tiles))
             if q_dtype == "bf16":  # tile candidates: the q format does not change the tiling
                 for block_n, stages in TUNING_TILES.get((arch, kv_dtype), ()):
                     specs.append(KernelSpec(arch, ANY, ANY, ANY, q_dtype, kv_dtype, block_n=block_n, stages=stages))
@@ -175,7 +176,7 @@ def build_catalog(shapes: Iterable[tuple[int, int]] | None = None,
             groups = row_groups(heads, q_len)
             for q_dtype, kv_dtype in pairs:
                 for batch, kv_len in shapes_:
-                    p = rows_params(arch, batch, kv_len, kv_dtype, heads, q_len)
+                    p = rows_params(arch, batch, kv_len, q_dtype, kv_dtype, heads, q_len)
                     specs.append(KernelSpec(arch, batch, kv_len, q_dtype=q_dtype, kv_dtype=kv_dtype, num_heads=heads,
                                             q_len=q_len, **p))
     check_unique(specs)

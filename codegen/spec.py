@@ -65,11 +65,21 @@ OPTIONAL_TAGS = (("h", "num_heads"), ("ql", "q_len"), ("dk", "qk_dim"), ("dv", "
                  ("bn", "block_n"), ("st", "stages"), ("bm", "block_m"), ("pg", "page_size"))
 NUM_HEADS = (8, 16, 32, 64, 128)  # what the kernels take (shapes.cuh QueryRows: rows in blocks of 16)
 ROWS_A_BLOCK = 16  # query rows a row group (shapes.cuh QueryRows::kRows): the block of every body but the rows one
-# block_m 64: the sm90a rows body (runtime/include/mlagen/device/mla_decode_sm90_rows.cuh), two
-# warpgroups over 64 query rows, fp8 KV in tiles of 64, one block an SM
+# block_m 64: the sm90a rows body (runtime/include/mlagen/device/mla_decode_sm90_rows.cuh), three
+# warpgroups (S, and O by halves) over 64 query rows, fp8 KV in tiles of 64, one block an SM
 ROWS_BODY_BLOCK_M = 64
-# (arch, kv dtype) -> the rows body's tiles: where it exists, and what its kernels are built with
-ROWS_BODY = {("sm90a", "fp8e4m3fn"): dict(block_n=WARPGROUP_BLOCK_N, stages=3, block_m=ROWS_BODY_BLOCK_M)}
+# (arch, kv dtype) -> the rows body's tiles: where it exists, and what its kernels are built with.
+# Stages by q dtype: the O groups hold one ring slot while S reads the next; an fp8 q's Q (36 KB)
+# leaves room for a 4th 36 KB stage, a bf16 q's hi + lo (72 KB) does not.
+ROWS_BODY = {("sm90a", "fp8e4m3fn"): dict(block_n=WARPGROUP_BLOCK_N, stages={"bf16": 3, "fp8": 4},
+                                          block_m=ROWS_BODY_BLOCK_M)}
+
+
+def rows_body_tiles(arch: str, q_dtype: str, kv_dtype: str) -> dict | None:
+    """The rows body's KernelSpec tiles (block_n, stages, block_m) for these formats, or None
+    where it does not exist."""
+    tiles = ROWS_BODY.get((arch, kv_dtype))
+    return None if tiles is None else dict(tiles, stages=tiles["stages"][q_dtype])
 
 
 def row_groups(num_heads: int, q_len: int) -> int:
@@ -281,7 +291,7 @@ class KernelSpec:
         if self.block_m not in (ROWS_A_BLOCK, ROWS_BODY_BLOCK_M):
             bad("block_m", f"{ROWS_A_BLOCK} or {ROWS_BODY_BLOCK_M} (query rows a block)")
         if self.rows_body:
-            tiles = ROWS_BODY.get((self.arch, self.kv_dtype))
+            tiles = rows_body_tiles(self.arch, self.q_dtype, self.kv_dtype)
             if not tiles or self.block_n != tiles["block_n"]:
                 bad("block_m", f"{ROWS_A_BLOCK} except for {', '.join(f'{a} {k}' for a, k in ROWS_BODY)} KV with "
                                f"block_n {WARPGROUP_BLOCK_N} (the rows body)")
@@ -291,8 +301,10 @@ class KernelSpec:
             if self.page_size:
                 bad("page_size", "0 with block_m 64 (the rows body's kernels read contiguous rows; paged problems take "
                                  "the generic kernel)")
-            if not 2 <= self.stages <= 3:
-                bad("stages", "2..3 with block_m 64 (the rows body: 37 KB a stage beside 82 KB of q and P)")
+            top = 3 if self.q_dtype == "bf16" else 4  # 36 KB a stage beside q (72 KB hi + lo, or 36) and 16 KB of P
+            if not 2 <= self.stages <= top:
+                bad("stages", f"2..{top} with block_m 64 and a {self.q_dtype} q (the rows body: 36 KB a stage beside "
+                              f"{72 if self.q_dtype == 'bf16' else 36} KB of q and 16 KB of P, under 227 KB)")
         if not 2 <= self.stages <= 8:
             bad("stages", "2..8")
         if self.vendor == "amd" and self.stages != 2:

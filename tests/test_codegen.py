@@ -209,6 +209,11 @@ def test_rows_body_specs_round_trip_and_validate():
                dict(num_heads=16, q_len=2), dict(stages=4), dict(page_size=64)):
         with pytest.raises(SpecError, match="block_m|stages|page_size"):
             KernelSpec(**{**ok, **kw})
+    # an fp8 q's Q is half a bf16 q's hi + lo: one stage more fits
+    s8 = KernelSpec(**{**ok, "q_dtype": "fp8", "stages": 4})
+    assert s8.name.endswith("_h128_bn64_bm64") and KernelSpec.parse(s8.name) == s8  # (4 stages: the default)
+    with pytest.raises(SpecError, match="stages"):
+        KernelSpec(**{**ok, "q_dtype": "fp8", "stages": 5})
     with pytest.raises(SpecError, match="block_m"):
         KernelSpec("gfx950", 4, 1024, 1, num_heads=128, block_m=64, stages=2)
     # the catalog's rows kernels of 64 rows and more take it, the others keep 16

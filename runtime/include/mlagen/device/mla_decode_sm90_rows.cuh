@@ -3,27 +3,29 @@
 // where the 16-row warpgroup kernel (mla_decode_sm90_wgmma.cuh) runs its whole per-tile chain
 // once per 16 rows and stays latency-bound (docs/perf.md v10).
 //
-// Block = two warpgroups, 64 query rows, tiles of 64 tokens (the same cp.async ring and
-// swizzled tile as the 16-row kernel, both groups issuing half of every tile's copies):
+// Block = three warpgroups, 64 query rows, tiles of 64 tokens (the 16-row kernel's swizzled tile
+// in a cp.async ring), warp-specialized:
 //
-//   S^T = K Qhl^T     group c: the S of rows 32c .. 32c + 31, wgmma m64n64k32 e4m3, A = the KV
-//                     tile (64 tokens x 576), B = those rows' q as e4m3 hi and lo parts (N = 32
-//                     hi + 32 lo; an fp8 q is exact in hi: N = 32). Softmax row maxima meet over
-//                     the group's 4 warps only (a named barrier).
-//   P^T               f16 (11 significant bits) in shared memory, 64 rows x 64 tokens, both
-//                     groups' halves; one block barrier.
-//   O^T += V^T P^T    group c: the O of dims 256c .. 256c + 255 for all 64 rows, wgmma
-//                     m64n64k16 f16, A = V^T in registers (each thread's 8 dims of two tokens:
-//                     one 8-byte load a token, prmt + cvt.f16x2.e4m3x2, exact), B = P^T: 4 m64
-//                     blocks x 4 k-steps a tile, 128 accumulator registers a thread.
+//   group 0 (S)     the tile copies; S^T = K Qhl^T for all 64 rows as one wgmma m64n128k32 e4m3
+//                   chain (A = the KV tile, 64 tokens x 576; B = the rows' q as e4m3 hi and lo
+//                   parts, N = 64 hi + 64 lo; an fp8 q is exact in hi: m64n64k32); the softmax;
+//                   P^T (f16) and the rows' rescale factors into a two-slot ring. One tile ahead.
+//   groups 1, 2 (O) O^T += V^T P^T for dims 256 (c - 1) .. + 255 and all 64 rows, wgmma
+//                   m64n64k16 f16, A = V^T in registers (each thread's 8 dims of two tokens: one
+//                   8-byte load a token, prmt + cvt.f16x2.e4m3x2, exact), B = P^T: 4 m64 blocks x
+//                   4 k-steps a tile, 128 accumulators a thread.
 //
-// Per tile and 64 rows that is 18 (S) + 16 (O) wgmmas a group instead of the 16-row kernel's
-// 4 x (18 + 16) narrower ones, one V^T conversion per dim instead of one per 16 rows, and the
-// softmax of 8 rows a thread. One block an SM (256 threads x 255 registers, no spills).
-// Measured (docs/perf.md v11): 322 us at 128 heads, 64x8192, against 471 with 16-row blocks; the
-// two groups run S, softmax and O in lockstep, S at the SM's shared-memory bandwidth, the tensor
-// cores ~50% busy. The generic kernel of this body (registry role 3) serves contiguous problems
-// whose heads x q_len is a multiple of 64.
+// Handoff through mbarriers: full[slot] (group 0 wrote tile i's P and factors) and empty[slot]
+// (the O groups are done with tile i, its P slot and its KV slot); tile i uses slot i % 2, phase
+// i / 2. Group 0 waits for O(i - 1) only after tile i's softmax, then refills that KV slot: the
+// O groups hold one ring slot, so an fp8 q (whose Q takes half the shared memory) runs 4 stages,
+// a bf16 q 3. Lazy rescale: a row keeps its base while no score passes it by 2^8, so after the
+// first tile the four warps' maxima rarely meet and the O groups rarely rescale.
+// Registers: setmaxnreg 152 (group 0) / 176 (O groups), no spills.
+// Measured (docs/perf.md v12): 310 us at 128 heads, 64x8192 (bf16 q; 277 with an fp8 q), against
+// 322 for the two-warpgroup lockstep body of v11 (branch exp/rows-2wg) and 471 with 16-row blocks.
+// The generic kernel of this body (registry role 3) serves contiguous problems whose heads x q_len
+// is a multiple of 64.
 #pragma once
 #include "mlagen/device/mla_decode_sm90_wgmma.cuh"
 
@@ -32,35 +34,23 @@ namespace mlagen::device {
 
 template <int kStages_, QFormat kQ_>
 struct RowsLayout {
-  using Tile = WgLayout<kStages_, KvFormat::kFp8>;  // one ring slot: the 16-row kernel's swizzled tile
-  static constexpr int kBlockN = Tile::kBlockN;     // 64 tokens a tile
-  static constexpr int kStages = kStages_;
-  static constexpr int kRows = 64;                  // query rows a block
-  static constexpr int kGroups = 2;                 // warpgroups: group c owns S rows 32c.., O dims 256c..
-  static constexpr int kGroupRows = kRows / kGroups;
-  static constexpr int kThreads = 128 * kGroups;
-  // a bf16 q is split into e4m3 hi + lo / 16; an fp8 q (given, or quantized here) is exact in hi
+  using Tile = WgLayout<kStages_, KvFormat::kFp8>;
+  static constexpr int kBlockN = Tile::kBlockN, kStages = kStages_, kRows = 64, kThreads = 384;
   static constexpr bool kQLo = kQ_ == QFormat::kBf16;
-  static constexpr int kSN = kQLo ? 2 * kGroupRows : kGroupRows;  // N of a group's S^T wgmma
-  // Q: per group kSN rows x 576 e4m3, K-major core matrices (8 rows x 16 bytes); row n of the B
-  // operand is hi of local row n (n < 32) or lo of local row n - 32.
-  static constexpr int kQLbo = 128, kQSbo = Tile::kChunksPerRow * 128, kQGroupBytes = kSN / 8 * kQSbo;
-  // P^T: f16, 64 rows x 64 tokens, K-major core matrices (8 rows x 8 tokens)
-  static constexpr int kPLbo = 128, kPSbo = kBlockN / 8 * 128, kPBytes = kRows / 8 * kPSbo;
-  // An fp8 q leaves a group's last O wgmma (which reads all 64 rows of P) running past the next
-  // tile's barrier: the other group must not write that P then, so P alternates between two
-  // buffers by tile. A bf16 q waits for its O before the barrier: one buffer.
-  static constexpr int kPBuffers = kQLo ? 1 : 2;
-  static constexpr int kQOffset = kStages * Tile::kStageBytes;  // from the 1024-aligned base
-  static constexpr int kPOffset = kQOffset + kGroups * kQGroupBytes;
-  static constexpr int kRedOffset = kPOffset + kPBuffers * kPBytes;          // [4 warps][64 rows] maxima, then sums
-  static constexpr int kAlphaOffset = kRedOffset + 2 * 4 * kRows * 4;  // [64] this tile's O rescale factors
-  static constexpr int kColOffset = kAlphaOffset + kRows * 4;          // [64] q column scales 1 / c
-  static constexpr int kRowCsOffset = kColOffset + kRows * 4;       // [64] the generic kernel's S factors
-  static constexpr int kRowEndOffset = kRowCsOffset + kRows * 4;     // [64] ... and causal ends
-  static constexpr int kSmemBytes = kRowEndOffset + kRows * 4 + Tile::kAlign;
-  static_assert(kSmemBytes <= 227 * 1024, "shared memory over sm_90's 227 KB a block: fewer stages");
-
+  static constexpr int kSN = kQLo ? 2 * kRows : kRows;  // N of the S^T chain
+  static constexpr int kQLbo = 128, kQSbo = Tile::kChunksPerRow * 128, kQBytes = kSN / 8 * kQSbo;
+  static constexpr int kPLbo = 128, kPSbo = kBlockN / 8 * 128, kPBytes = kRows / 8 * kPSbo;  // one slot
+  static constexpr int kQOffset = kStages * Tile::kStageBytes;
+  static constexpr int kPOffset = kQOffset + kQBytes;                 // [2] P^T slots
+  static constexpr int kAlphaOffset = kPOffset + 2 * kPBytes;         // [2][64] rescale factors
+  static constexpr int kRedOffset = kAlphaOffset + 2 * kRows * 4;     // [4 warps][64] maxima / sums
+  static constexpr int kColOffset = kRedOffset + 4 * kRows * 4;       // [64] S factors (1 / c x s_scale)
+  static constexpr int kEndOffset = kColOffset + kRows * 4;           // [64] causal ends
+  static constexpr int kLOffset = kEndOffset + kRows * 4;             // [64] final sums
+  static constexpr int kFlagOffset = kLOffset + kRows * 4;            // [2] whether a tile rescaled
+  static constexpr int kBarOffset = kFlagOffset + 2 * 4;              // full[2], empty[2]
+  static constexpr int kSmemBytes = kBarOffset + 4 * 8 + Tile::kAlign;
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory over sm_90's 227 KB a block");
   MLAGEN_DEVICE static uint32_t q_at(int row, int byte) {
     return (row / 8) * kQSbo + (byte / 16) * kQLbo + (row % 8) * 16 + byte % 16;
   }
@@ -91,26 +81,22 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
   using namespace sm90;
   using L = typename T::L;
   using Tile = typename L::Tile;
-  constexpr int BN = L::kBlockN, ST = L::kStages, R = L::kRows, GR = L::kGroupRows;
+  constexpr int BN = L::kBlockN, ST = L::kStages, R = L::kRows;
   constexpr bool kLo = L::kQLo;
-  constexpr int kSAcc = L::kSN / 2;  // S^T accumulators a thread
-  static_assert(MLAGEN_WARP_SIZE == 32, "wgmma fragments are defined for 32-lane warps");
   const uint32_t s_raw = smem_addr(smem);
   const uint32_t s_base = (s_raw + Tile::kAlign - 1) & ~static_cast<uint32_t>(Tile::kAlign - 1);
   smem += s_base - s_raw;
-  const int tid = threadIdx.x, grp = tid / 128, w = (tid / 32) % 4, lane = tid % 32;
+  const int tid = threadIdx.x, grp = tid / 128, wt = tid % 128, w = wt / 32, lane = tid % 32;
   const int g = lane >> 2, t = lane & 3;
-  const uint32_t s_q = s_base + L::kQOffset + grp * L::kQGroupBytes, s_p = s_base + L::kPOffset;
-  float* red_max = reinterpret_cast<float*>(smem + L::kRedOffset);  // [warp][block row]
-  float* red_sum = red_max + 4 * R;
-  float* alpha_x = reinterpret_cast<float*>(smem + L::kAlphaOffset);  // [block row]
-  float* col_scale = reinterpret_cast<float*>(smem + L::kColOffset);  // [block row]: 1 / c
-  // The softmax's per-row constants (S factor, causal end): registers in a specialized kernel; in
-  // shared memory for the generic one, whose run-time shape leaves no room for 16 more registers
-  // (120 bytes of spills with them)
-  constexpr bool kRowsInSmem = Shape::kGeneric;
-  float* row_cs = reinterpret_cast<float*>(smem + L::kRowCsOffset);
-  int* row_end = reinterpret_cast<int*>(smem + L::kRowEndOffset);
+  const uint32_t s_q = s_base + L::kQOffset, s_p = s_base + L::kPOffset, s_bar = s_base + L::kBarOffset;
+  float* alpha_x = reinterpret_cast<float*>(smem + L::kAlphaOffset);
+  float* red = reinterpret_cast<float*>(smem + L::kRedOffset);
+  float* row_cs = reinterpret_cast<float*>(smem + L::kColOffset);
+  int* row_end = reinterpret_cast<int*>(smem + L::kEndOffset);
+  float* l_final = reinterpret_cast<float*>(smem + L::kLOffset);
+  int* rescaled = reinterpret_cast<int*>(smem + L::kFlagOffset);
+  auto full = [&](int b) { return s_bar + 8 * b; };
+  auto empty = [&](int b) { return s_bar + 16 + 8 * b; };
 
   const BlockCoord bc = block_coord<Shape, R>(p);
   allow_dependent_launch();
@@ -123,295 +109,275 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
   const KvRows<Shape::kPage> rows = KvRows<Shape::kPage>::of(p, seq);
   bool page_bad = false;
   const float kv_scale = kv_scale_of(p);
+  if (tid == 0) {
+    for (int b = 0; b < 2; ++b) mbarrier_init(full(b), 128), mbarrier_init(empty(b), 256);
+    fence_mbarrier_init();
+  }
 
-  // ---- tile j of the split into ring slot j % ST, one commit group a tile ----------------
-  // Thread -> dims 0..511: 16-byte chunk tid % 8 of the 4 atoms of rows tid / 8 and tid / 8 + 32
-  // (a warp instruction: 4 rows x 128 contiguous bytes); rope dims: chunk tid % 4 of row tid / 4.
-  const int c8 = tid % 8, rm = tid / 8, c4 = tid % 4, rr = tid / 4;
+  // ---- group 0's copies: thread -> chunk wt % 8 of rows wt / 8 + 16 i (4 atoms), rope chunk wt % 4 of
+  // rows wt / 4 + 32 i
+  const int c8 = wt % 8, rm = wt / 8, c4 = wt % 4, rr = wt / 4;
   const uint32_t dst_main = (rm / 8) * 1024 + (rm % 8) * 128 + ((c8 ^ (rm % 8)) * 16);
   const uint32_t dst_rope = Tile::kRopeOffset + (rr / 8) * 512 + (rr % 8) * 64 + ((c4 ^ ((rr % 8) / 2)) * 16);
   const int64_t stride = p.kv_stride_bytes;
-  const uint32_t src_main = static_cast<uint32_t>(rm * stride) + c8 * 16;  // < 2^31: rows < 64
-  const uint32_t src_rope = static_cast<uint32_t>(rr * stride) + 512 + c4 * 16;
-  const uint32_t step32 = static_cast<uint32_t>(32 * stride);
   auto issue_tile = [&](int j) {
     if (j < ntiles) {
       const int tok0 = tok_begin + j * BN, rows_left = tok_end - tok0;
       const uint32_t dst = s_base + (j % ST) * Tile::kStageBytes;
-      if (rows_left >= BN && rows.template tile_contiguous<BN>()) {  // one run of rows: one base
-        const uint8_t* base = rows.ptr(tok0, page_bad);
+      const bool whole = rows_left >= BN && rows.template tile_contiguous<BN>();
+      const uint8_t* base = whole ? rows.ptr(tok0, page_bad) : nullptr;
 #pragma unroll
-        for (int i = 0; i < 2; ++i)
+      for (int i = 0; i < 4; ++i) {
+        const int r = rm + 16 * i;
+        const uint8_t* src = whole ? base + r * stride : (r < rows_left ? rows.ptr(tok0 + r, page_bad) : nullptr);
 #pragma unroll
-          for (int a = 0; a < 4; ++a)
-            cp_async_16_full(dst + dst_main + i * 4096 + a * Tile::kAtom128Bytes, base + (src_main + i * step32) + a * 128);
-        cp_async_16_full(dst + dst_rope, base + src_rope);
-        rows.template prefetch_ids<BN>(tok0 + BN, tok_end, tid);
-      } else {  // pages shorter than a tile, or a split's short last tile: a row address each
-        const int row[3] = {rm, rm + 32, rr};
-        const uint8_t* src[3];
+        for (int a = 0; a < 4; ++a)
+          cp_async_16(dst + dst_main + i * 2048 + a * Tile::kAtom128Bytes, src ? src + a * 128 + c8 * 16 : p.kv, src != nullptr);
+      }
 #pragma unroll
-        for (int k = 0; k < 3; ++k) src[k] = row[k] < rows_left ? rows.ptr(tok0 + row[k], page_bad) : nullptr;
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-#pragma unroll
-          for (int a = 0; a < 4; ++a)
-            cp_async_16(dst + dst_main + i * 4096 + a * Tile::kAtom128Bytes, src[i] ? src[i] + a * 128 + c8 * 16 : p.kv,
-                        src[i] != nullptr);
-        cp_async_16(dst + dst_rope, src[2] ? src[2] + 512 + c4 * 16 : p.kv, src[2] != nullptr);
+      for (int i = 0; i < 2; ++i) {
+        const int r = rr + 32 * i;
+        const uint8_t* src = whole ? base + r * stride : (r < rows_left ? rows.ptr(tok0 + r, page_bad) : nullptr);
+        cp_async_16(dst + dst_rope + i * 2048, src ? src + 512 + c4 * 16 : p.kv, src != nullptr);
       }
     }
     cp_async_commit();
   };
+  if (grp == 0)
 #pragma unroll
-  for (int j = 0; j < ST - 1; ++j) issue_tile(j);
+    for (int j = 0; j < ST - 1; ++j) issue_tile(j);
 
-  // ---- Q, once: group grp's 32 rows; thread -> row 16 ps + tid % 128 / 8 (ps = 0, 1), the 16-byte
-  // chunks 8 j + tid % 8 of the row as 4-value loads (the 16-row kernel's mapping, twice)
-  const int qh = (tid % 128) / 8, part = tid % 8;
-  auto dim_of = [&](int i) { return 8 * (8 * (i / 2) + part) + 4 * (i % 2); };  // value 4 i .. 4 i + 3
-  uint2 q_raw[2][18];
-#pragma unroll
-  for (int ps = 0; ps < 2; ++ps) {
-    const int br = GR * grp + 16 * ps + qh;
-#pragma unroll
-    for (int i = 0; i < 18; ++i) q_raw[ps][i] = load_q4_raw<T::kQ>(p, qr.token(br), qr.head(br), dim_of(i));
-  }
+  // ---- Q, once, by all three groups: rows 16 pass + tid / 8 (pass 0..1 covers 48 rows a pass)
   const QQuant qq = q_setup<T::kQ>(p, q_given);
+  {
+    const int part = tid % 8;
+    auto dim_of = [&](int i) { return 8 * (8 * (i / 2) + part) + 4 * (i % 2); };
+    for (int r = tid / 8; r < R; r += L::kThreads / 8) {
+      uint2 raw[18];
 #pragma unroll
-  for (int ps = 0; ps < 2; ++ps) {
-    const int lr = 16 * ps + qh;
-    // an fp8 q goes to the tensor cores as it is (exact in e4m3: no lo part)
-    const float inv_c = stage_q_row<T::kQ, kLo>(qq, q_raw[ps], [&](int i, uint32_t hi, uint32_t lo) {
-      const int d = dim_of(i);
-      sts32(s_q + L::q_at(lr, d), hi);
-      if constexpr (kLo) sts32(s_q + L::q_at(GR + lr, d), lo);
-    });
-    if (part == 0) col_scale[GR * grp + lr] = inv_c;  // S = (hi column) / c + (lo column) / (16 c)
+      for (int i = 0; i < 18; ++i) raw[i] = load_q4_raw<T::kQ>(p, qr.token(r), qr.head(r), dim_of(i));
+      const float inv_c = stage_q_row<T::kQ, kLo>(qq, raw, [&](int i, uint32_t hi, uint32_t lo) {
+        const int d = dim_of(i);
+        sts32(s_q + L::q_at(r, d), hi);
+        if constexpr (kLo) sts32(s_q + L::q_at(R + r, d), lo);
+      });
+      if (part == 0) {
+        row_cs[r] = inv_c * (kv_scale * qq.scale * p.sm_scale * kLog2e);
+        row_end[r] = min(tok_end, qr.key_end(r));
+      }
+    }
   }
   fence_proxy_async_smem();
-  __syncthreads();
+  __syncthreads();  // Q, the row constants and the barriers' init
 
-  // This thread's S rows (columns of its group's S^T): slot k -> block row GR grp + 8 (k / 2) + 2t + k % 2.
-  const float s_scale = kv_scale * qq.scale * p.sm_scale * kLog2e;  // log2 domain
-  int srow[8], key_end[8];
-  float cs[8];  // the lo column's factor is cs / 16
+  if (grp == 0) {
+    // ======== group 0: S and the softmax, one tile ahead of the O groups ====================
+    setmaxnreg_dec<152>();
+    const uint64_t q_desc = wgmma_desc(s_q, L::kQLbo, L::kQSbo);
+    const int row0 = 16 * w + g;
+    float m[16], l[16], cs[16];  // rows 8 j + 2 t + e, slot k = 2 j + e
+    int min_end = tok_end;       // tiles ending before every row's causal end need no mask
 #pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    srow[k] = GR * grp + 8 * (k / 2) + 2 * t + (k % 2);
-    if constexpr (kRowsInSmem) continue;
-    cs[k] = col_scale[srow[k]] * s_scale;
-    // causal: the row's last key + 1 (one query token sees the whole split: no per-row bound to keep)
-    key_end[k] = Shape::kRowsEndEarly ? min(tok_end, qr.key_end(srow[k])) : tok_end;
-  }
-  if (kRowsInSmem && tid < R) {  // read after the first tile's barrier
-    row_cs[tid] = col_scale[tid] * s_scale;
-    row_end[tid] = min(tok_end, qr.key_end(tid));
-  }
-  float m[8], l[8];
+    for (int k = 0; k < 16; ++k) m[k] = -INFINITY, l[k] = 0.f, cs[k] = row_cs[8 * (k / 2) + 2 * t + k % 2];
+    for (int r = 0; r < R; ++r) min_end = min(min_end, row_end[r]);
+    for (int it = 0; it < ntiles; ++it) {
+      cp_async_wait<ST - 2>();
+      fence_proxy_async_smem();
+      named_barrier(1, 128);  // every group-0 thread's copies of tile it landed
+      const uint32_t tile = s_base + (it % ST) * Tile::kStageBytes;
+      float s[L::kSN / 2];
+      const uint64_t k_desc = wgmma_desc(tile, 16, 1024, WgmmaSwizzle::k128B);
+      const uint64_t rope_desc = wgmma_desc(tile + Tile::kRopeOffset, 16, 512, WgmmaSwizzle::k64B);
+      wgmma_fence();
 #pragma unroll
-  for (int k = 0; k < 8; ++k) m[k] = -INFINITY, l[k] = 0.f;
-  // O^T of the group's 256 dims, m64 block mb: accumulator row 16 w + g + 8 h is dim dv + mb + 4 h,
-  // column 8 j + 2 t + e block row 8 j + 2 t + e (the thread's 8 dims are consecutive: one 16-byte
-  // output store a row)
-  const int dv = 256 * grp + 8 * (8 * w + g);
-  float o[4][32];
-#pragma unroll
-  for (int mb = 0; mb < 4; ++mb)
-#pragma unroll
-    for (int i = 0; i < 32; ++i) o[mb][i] = 0.f;
+      for (int ks = 0; ks < Tile::kChunksPerRow / 2; ++ks) {
+        const uint64_t a = ks < 16 ? wgmma_desc_advance(k_desc, (ks / 4) * Tile::kAtom128Bytes + (ks % 4) * 32)
+                                   : wgmma_desc_advance(rope_desc, (ks - 16) * 32);
+        const uint64_t b = wgmma_desc_advance(q_desc, 2 * ks * L::kQLbo);
+        if constexpr (kLo) {
+          if (ks == 0) wgmma_m64n128k32_e4m3_ss_first(s, a, b);
+          else wgmma_m64n128k32_e4m3_ss(s, a, b);
+        } else {
+          if (ks == 0) wgmma_m64n64k32_e4m3_ss_first(s, a, b);
+          else wgmma_m64n64k32_e4m3_ss(s, a, b, 1);
+        }
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_fence_regs(s);
 
-  const uint64_t q_desc = wgmma_desc(s_q, L::kQLbo, L::kQSbo);
-  const uint64_t p_desc0 = wgmma_desc(s_p, L::kPLbo, L::kPSbo);
-  const int row0 = 16 * w + g;  // tile token of S^T accumulator row g (row g + 8: +8)
-  // V^T fragments of k-step ks (tokens 16 ks ..): the thread's 8 dims of tokens 16 ks + 2t + {0, 1, 8, 9},
-  // one 8-byte load each (a half warp's 16 loads hit 16 distinct 8-byte bank pairs: the tile's swizzle)
-  uint32_t voff[4];
+      const int tok0 = tok_begin + it * BN;
+      const bool masked = tok0 + BN > min_end;  // (uniform)
+      float mx[16];  // this warp's max of each row over its 16 tokens
 #pragma unroll
-  for (int i = 0; i < 4; ++i) voff[i] = Tile::kv_at(2 * t + (i % 2) + 8 * (i / 2), dv);
-  auto v_frags = [&](uint32_t tile, int ks, uint32_t (&a)[4][4]) {
-    uint2 x[4];
+      for (int k = 0; k < 16; ++k) {
+        const int j = k / 2, e = k % 2;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) x[i] = lds64(tile + voff[i] + ks * 2048);
-    uint32_t d[4][4];
-    v_pairs_to_f16x2(x[0].x, x[1].x, d[0]);  // dims dv + mb, tokens (n, n + 1)
-    v_pairs_to_f16x2(x[0].y, x[1].y, d[1]);  // dims dv + 4 + mb
-    v_pairs_to_f16x2(x[2].x, x[3].x, d[2]);  // dims dv + mb, tokens (n + 8, n + 9)
-    v_pairs_to_f16x2(x[2].y, x[3].y, d[3]);
+        for (int r = 0; r < 2; ++r) {
+          float x = s[4 * j + 2 * r + e] * cs[k];
+          if constexpr (kLo) x = fmaf(s[4 * (j + 8) + 2 * r + e], cs[k] * 0.0625f, x);
+          if (masked) x = tok0 + row0 + 8 * r < row_end[8 * j + 2 * t + e] ? x : -INFINITY;
+          s[4 * j + 2 * r + e] = x;  // (in place)
+        }
+        mx[k] = fmaxf(s[4 * j + e], s[4 * j + 2 + e]);
+#pragma unroll
+        for (int o2 = 4; o2 < 32; o2 *= 2) mx[k] = fmaxf(mx[k], __shfl_xor(mx[k], o2));
+      }
+      // Lazy rescale: the rows keep their base m while no score exceeds it by more than
+      // kLazyLog2 (P <= 2^kLazyLog2 in f16); only a tile where one does meets the 4 warps' maxima
+      // and rescales (the first tile always, as m = -inf).
+      constexpr float kLazyLog2 = 8.f;
+      bool grow = false;
+#pragma unroll
+      for (int k = 0; k < 16; ++k) grow |= mx[k] > m[k] + kLazyLog2;
+      grow = named_barrier_or(1, 128, grow);
+      const uint32_t s_pt = s_p + (it % 2) * L::kPBytes;
+      if (grow) {
+        float* alpha_t = alpha_x + (it % 2) * R;
+        if (g == 0)
+#pragma unroll
+          for (int k = 0; k < 16; ++k) red[w * R + 8 * (k / 2) + 2 * t + k % 2] = mx[k];
+        named_barrier(1, 128);
+#pragma unroll
+        for (int k = 0; k < 16; ++k) {
+          const int row = 8 * (k / 2) + 2 * t + k % 2;
+          float tm = red[row];
+#pragma unroll
+          for (int ww = 1; ww < 4; ++ww) tm = fmaxf(tm, red[ww * R + row]);
+          const float alpha = online_step<Shape::kRowsEndEarly>(m[k], tm);
+          l[k] *= alpha;
+          if (w == 0 && g == 0) alpha_t[row] = alpha;
+        }
+      }
+      if (wt == 0) rescaled[it % 2] = grow;
+#pragma unroll
+      for (int k = 0; k < 16; ++k) {
+        const int j = k / 2, e = k % 2, row = 8 * j + 2 * t + e;
+        const float mb = step_base<Shape::kRowsEndEarly>(m[k]);
+        const float p0 = fast_exp2(s[4 * j + e] - mb), p1 = fast_exp2(s[4 * j + 2 + e] - mb);
+        l[k] += p0 + p1;
+        const uint32_t h2 = pack_f16x2(p0, p1);
+        sts16(s_pt + L::p_at(row, row0), h2 & 0xffffu);
+        sts16(s_pt + L::p_at(row, row0 + 8), h2 >> 16);
+      }
+      fence_proxy_async_smem();
+      mbarrier_arrive(full(it % 2));
+      // O(it - 1) done: its KV slot ((it - 1) % ST, the next copies' target) is free, and so is the
+      // P slot that tile it + 1 writes (it last held tile it - 1). The softmax above ran under O(it - 1).
+      if (it >= 1) mbarrier_wait(empty((it - 1) % 2), ((it - 1) / 2) & 1);
+      issue_tile(it + ST - 1);
+    }
+    cp_async_wait<0>();
+    // l over the 8 row lanes and the 4 warps, for the O groups' epilogue; the rows' states
+#pragma unroll
+    for (int k = 0; k < 16; ++k)
+#pragma unroll
+      for (int o2 = 4; o2 < 32; o2 *= 2) l[k] += __shfl_xor(l[k], o2);
+    named_barrier(1, 128);  // (the maxima's last readers are done)
+    if (g == 0)
+#pragma unroll
+      for (int k = 0; k < 16; ++k) red[w * R + 8 * (k / 2) + 2 * t + k % 2] = l[k];
+    named_barrier(1, 128);
+    if (w == 0 && g == 0)
+#pragma unroll
+      for (int k = 0; k < 16; ++k) {
+        const int row = 8 * (k / 2) + 2 * t + k % 2;
+        l[k] = red[row] + red[R + row] + red[2 * R + row] + red[3 * R + row];
+        l_final[row] = l[k];
+      }
+    __syncthreads();  // l_final for the O groups (who meet this barrier after their loop)
+    const bool bad = rows.block_any_bad(p, page_bad) || seq.bad;
+    if (w == 0 && g == 0)
+#pragma unroll
+      for (int k = 0; k < 16; ++k) {
+        const int row = 8 * (k / 2) + 2 * t + k % 2;
+        if (splits > 1) p.part_ml[qr.part(row)] = split_state(m[k], l[k], bad);
+        else if (qr.owns(row)) store_lse(p, qr.token(row), qr.head(row), m[k], l[k], bad);
+      }
+  } else {
+    // ======== groups 1, 2: O^T of their 256 dims for all 64 rows ============================
+    setmaxnreg_inc<176>();
+    const int oc = grp - 1;
+    const int dv = 256 * oc + 8 * (8 * w + g);
+    float o[4][32];
 #pragma unroll
     for (int mb = 0; mb < 4; ++mb)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) a[mb][r] = d[r][mb];
-  };
-
-  for (int it = 0; it < ntiles; ++it) {
-    cp_async_wait<ST - 2>();  // tile `it` landed (later ones may still fly)
-    fence_proxy_async_smem();
-    __syncthreads();  // ... for every thread; the maxima and tile it-1's slot are free
-    const uint32_t tile = s_base + (it % ST) * Tile::kStageBytes;
-
-    // ---- S^T for the tile's 64 tokens x the group's rows: 18 k-steps of 32 dims ------------
-    float s[kSAcc];  // (written by the first k-step)
-    const uint64_t k_desc = wgmma_desc(tile, 16, 1024, WgmmaSwizzle::k128B);
-    const uint64_t rope_desc = wgmma_desc(tile + Tile::kRopeOffset, 16, 512, WgmmaSwizzle::k64B);
-    wgmma_fence();
+      for (int i = 0; i < 32; ++i) o[mb][i] = 0.f;
+    uint32_t voff[4];
 #pragma unroll
-    for (int ks = 0; ks < Tile::kChunksPerRow / 2; ++ks) {
-      const uint64_t a = ks < 16 ? wgmma_desc_advance(k_desc, (ks / 4) * Tile::kAtom128Bytes + (ks % 4) * 32)
-                                 : wgmma_desc_advance(rope_desc, (ks - 16) * 32);
-      const uint64_t b = wgmma_desc_advance(q_desc, 2 * ks * L::kQLbo);
-      if constexpr (kLo) {
-        if (ks == 0) wgmma_m64n64k32_e4m3_ss_first(s, a, b);
-        else wgmma_m64n64k32_e4m3_ss(s, a, b, 1);
-      } else {
-        if (ks == 0) wgmma_m64n32k32_e4m3_ss_first(s, a, b);
-        else wgmma_m64n32k32_e4m3_ss(s, a, b, 1);
-      }
-    }
-    wgmma_commit();
-    issue_tile(it + ST - 1);  // slot (it - 1) % ST is free since the barrier
-    wgmma_wait<0>();  // S, and the previous tile's O (P and the factors are free again)
-    wgmma_fence_regs(s);
+    for (int i = 0; i < 4; ++i) voff[i] = Tile::kv_at(2 * t + (i % 2) + 8 * (i / 2), dv);
+    auto v_frags = [&](uint32_t tile, int ks, uint32_t (&a)[4][4]) {
+      uint2 x[4];
 #pragma unroll
-    for (int mb = 0; mb < 4; ++mb) wgmma_fence_regs(o[mb]);
-
-    // ---- softmax over the group's rows: the tile maxima meet over its 4 warps ---------------
-    const int tok0 = tok_begin + it * BN;
-    const uint32_t s_pt = s_p + (it % L::kPBuffers) * L::kPBytes;  // this tile's P^T
-    const uint64_t p_desc = wgmma_desc_advance(p_desc0, (it % L::kPBuffers) * L::kPBytes);
-    float sv[2][8], mx[8];
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const int j = k / 2, e = k % 2;
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const float csk = kRowsInSmem ? row_cs[srow[k]] : cs[k];
-        const int endk = kRowsInSmem ? row_end[srow[k]] : key_end[k];
-        float x = s[4 * j + 2 * r + e] * csk;
-        if constexpr (kLo) x += s[4 * (j + 4) + 2 * r + e] * (csk * 0.0625f);
-        sv[r][k] = tok0 + row0 + 8 * r < endk ? x : -INFINITY;
-      }
-      mx[k] = fmaxf(sv[0][k], sv[1][k]);
-#pragma unroll
-      for (int o2 = 4; o2 < 32; o2 *= 2) mx[k] = fmaxf(mx[k], __shfl_xor(mx[k], o2));
-    }
-    if (g == 0)
-#pragma unroll
-      for (int k = 0; k < 8; ++k) red_max[w * R + srow[k]] = mx[k];
-    named_barrier(1 + grp, 128);
-    float alpha[8];
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      float tm = red_max[srow[k]];
-#pragma unroll
-      for (int ww = 1; ww < 4; ++ww) tm = fmaxf(tm, red_max[ww * R + srow[k]]);
-      alpha[k] = online_step<Shape::kRowsEndEarly>(m[k], tm);
-    }
-    // P = 2^(S - m) in f16 (p in [0, 1]: 2^-24 and up representable), P^T[row][token]
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const float mb = step_base<Shape::kRowsEndEarly>(m[k]);  // (a row with no key yet: P = 0)
-      const float p0 = fast_exp2(sv[0][k] - mb), p1 = fast_exp2(sv[1][k] - mb);
-      l[k] = l[k] * alpha[k] + p0 + p1;
-      const uint32_t h2 = pack_f16x2(p0, p1);
-      sts16(s_pt + L::p_at(srow[k], row0), h2 & 0xffffu);
-      sts16(s_pt + L::p_at(srow[k], row0 + 8), h2 >> 16);
-    }
-    if (w == 0 && g == 0)
-#pragma unroll
-      for (int k = 0; k < 8; ++k) alpha_x[srow[k]] = alpha[k];
-    uint32_t a[2][4][4];  // V^T fragments, double-buffered over the k-steps
-    v_frags(tile, 0, a[0]);
-    fence_proxy_async_smem();
-    __syncthreads();  // both groups' P and factors
-
-    // ---- O^T rescale: the factors of the thread's 16 columns (block rows 8 j + 2 t + e) -------
-    float al[16];
-    bool rescale = false;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float2 f = *reinterpret_cast<const float2*>(alpha_x + 8 * j + 2 * t);
-      al[2 * j] = f.x, al[2 * j + 1] = f.y;
-      rescale |= f.x != 1.f || f.y != 1.f;
-    }
-    if (__any_sync(0xffffffffu, rescale))
+      for (int i = 0; i < 4; ++i) x[i] = lds64(tile + voff[i] + ks * 2048);
+      uint32_t d[4][4];
+      v_pairs_to_f16x2(x[0].x, x[1].x, d[0]);
+      v_pairs_to_f16x2(x[0].y, x[1].y, d[1]);
+      v_pairs_to_f16x2(x[2].x, x[3].x, d[2]);
+      v_pairs_to_f16x2(x[2].y, x[3].y, d[3]);
 #pragma unroll
       for (int mb = 0; mb < 4; ++mb)
 #pragma unroll
-        for (int i = 0; i < 32; ++i) o[mb][i] *= al[2 * (i / 4) + (i % 2)];
-
-    // ---- O^T += V^T P^T: 4 k-steps of 16 tokens x 4 m64 blocks ----------------------------
+        for (int r = 0; r < 4; ++r) a[mb][r] = d[r][mb];
+    };
+    for (int it = 0; it < ntiles; ++it) {
+      mbarrier_wait(full(it % 2), (it / 2) & 1);
+      const uint32_t tile = s_base + (it % ST) * Tile::kStageBytes;
+      const float* alpha_t = alpha_x + (it % 2) * R;
+      if (rescaled[it % 2])  // (uniform)
 #pragma unroll
-    for (int ks = 0; ks < BN / 16; ++ks) {
-      if (ks >= 2) wgmma_wait<1>();  // k-step ks - 2 is done: its fragment buffer is free
-      if (ks > 0) v_frags(tile, ks, a[ks % 2]);
+        for (int j = 0; j < 8; ++j) {
+          const float2 f = *reinterpret_cast<const float2*>(alpha_t + 8 * j + 2 * t);
 #pragma unroll
-      for (int mb = 0; mb < 4; ++mb) wgmma_fence_regs(o[mb]), wgmma_fence_regs(a[ks % 2][mb]);
-      wgmma_fence();
+          for (int mb = 0; mb < 4; ++mb)
 #pragma unroll
-      for (int mb = 0; mb < 4; ++mb) wgmma_m64n64k16_f16_rs(o[mb], a[ks % 2][mb], wgmma_desc_advance(p_desc, 2 * ks * L::kPLbo));
-      wgmma_commit();
-    }
-    // An fp8 q (no lo columns: 16 S registers fewer) leaves the last k-step to drain while the
-    // next tile's barrier passes and its S is issued (the wait after that S covers both; the next
-    // tile's P goes to the other buffer, which this O does not read): 4% on 128 heads. A bf16 q waits here: holding those fragments that long spilled and lost 13%
-    // (docs/perf.md v11).
-    if constexpr (kLo) wgmma_wait<0>();
-    else wgmma_wait<1>();
-  }
-  wgmma_wait<0>();
-#pragma unroll
-  for (int mb = 0; mb < 4; ++mb) wgmma_fence_regs(o[mb]);
-  cp_async_wait<0>();
-  const bool bad = rows.block_any_bad(p, page_bad) || seq.bad;
-
-  // ---- epilogue: l over the 8 row lanes and the group's 4 warps, shared by both groups -------
-#pragma unroll
-  for (int k = 0; k < 8; ++k)
-#pragma unroll
-    for (int o2 = 4; o2 < 32; o2 *= 2) l[k] += __shfl_xor(l[k], o2);
-  if (g == 0)
-#pragma unroll
-    for (int k = 0; k < 8; ++k) red_sum[w * R + srow[k]] = l[k];
-  __syncthreads();
-  auto row_sum = [&](int br) {
-    float sum = 0.f;
-#pragma unroll
-    for (int ww = 0; ww < 4; ++ww) sum += red_sum[ww * R + br];
-    return sum;
-  };
-  // the rows' states, from the group that ran their softmax (its warp 0 lanes t)
-  if (w == 0 && g == 0)
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const int br = srow[k];
-      if (splits > 1) p.part_ml[qr.part(br)] = split_state(m[k], row_sum(br), bad);
-      else if (qr.owns(br)) store_lse(p, qr.token(br), qr.head(br), m[k], row_sum(br), bad);
-    }
-  // O[row][dims dv .. dv + 7]
-#pragma unroll
-  for (int j = 0; j < 8; ++j)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int br = 8 * j + 2 * t + e;
-      const float inv = splits == 1 ? out_scale(row_sum(br), kv_scale, bad) : 1.f;
-      float ov[8];
-#pragma unroll
-      for (int mb = 0; mb < 4; ++mb)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) ov[mb + 4 * hh] = o[mb][4 * j + 2 * hh + e] * inv;
-      if (splits == 1) {
-        if (qr.owns(br)) {
-          uint16_t* out = p.out + qr.token(br) * p.out_stride_token + qr.head(br) * p.out_stride_head + dv;
-          *reinterpret_cast<uint4*>(out) = make_uint4(pack_bf16x2(ov[0], ov[1]), pack_bf16x2(ov[2], ov[3]),
-                                                      pack_bf16x2(ov[4], ov[5]), pack_bf16x2(ov[6], ov[7]));
+            for (int i = 0; i < 4; ++i) o[mb][4 * j + i] *= (i % 2) ? f.y : f.x;
         }
-      } else {
-        float4* po = reinterpret_cast<float4*>(p.part_o + qr.part(br) * kVDim + dv);
-        po[0] = make_float4(ov[0], ov[1], ov[2], ov[3]);
-        po[1] = make_float4(ov[4], ov[5], ov[6], ov[7]);
+      const uint64_t p_desc = wgmma_desc(s_p + (it % 2) * L::kPBytes, L::kPLbo, L::kPSbo);
+      uint32_t a[4][4];
+#pragma unroll
+      for (int ks = 0; ks < BN / 16; ++ks) {
+        if (ks > 0) wgmma_wait<0>();
+        v_frags(tile, ks, a);
+#pragma unroll
+        for (int mb = 0; mb < 4; ++mb) wgmma_fence_regs(o[mb]), wgmma_fence_regs(a[mb]);
+        wgmma_fence();
+#pragma unroll
+        for (int mb = 0; mb < 4; ++mb) wgmma_m64n64k16_f16_rs(o[mb], a[mb], wgmma_desc_advance(p_desc, 2 * ks * L::kPLbo));
+        wgmma_commit();
       }
+      wgmma_wait<0>();
+#pragma unroll
+      for (int mb = 0; mb < 4; ++mb) wgmma_fence_regs(o[mb]);
+      mbarrier_arrive(empty(it % 2));
     }
+    __syncthreads();  // group 0's sums
+    const bool bad = rows.block_any_bad(p, page_bad) || seq.bad;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int br = 8 * j + 2 * t + e;
+        const float inv = splits == 1 ? out_scale(l_final[br], kv_scale, bad) : 1.f;
+        float ov[8];
+#pragma unroll
+        for (int mb = 0; mb < 4; ++mb)
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) ov[mb + 4 * hh] = o[mb][4 * j + 2 * hh + e] * inv;
+        if (splits == 1) {
+          if (qr.owns(br)) {
+            uint16_t* out = p.out + qr.token(br) * p.out_stride_token + qr.head(br) * p.out_stride_head + dv;
+            *reinterpret_cast<uint4*>(out) = make_uint4(pack_bf16x2(ov[0], ov[1]), pack_bf16x2(ov[2], ov[3]),
+                                                        pack_bf16x2(ov[4], ov[5]), pack_bf16x2(ov[6], ov[7]));
+          }
+        } else {
+          float4* po = reinterpret_cast<float4*>(p.part_o + qr.part(br) * kVDim + dv);
+          po[0] = make_float4(ov[0], ov[1], ov[2], ov[3]);
+          po[1] = make_float4(ov[4], ov[5], ov[6], ov[7]);
+        }
+      }
+  }
 }
 
 }  // namespace mlagen::device
