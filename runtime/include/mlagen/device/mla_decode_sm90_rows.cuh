@@ -88,6 +88,7 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
   smem += s_base - s_raw;
   const int tid = threadIdx.x, grp = tid / 128, wt = tid % 128, w = wt / 32, lane = tid % 32;
   const int g = lane >> 2, t = lane & 3;
+  constexpr int kEpilogueBarrier = 2;  // (1: group 0's own, 128 threads)
   const uint32_t s_q = s_base + L::kQOffset, s_p = s_base + L::kPOffset, s_bar = s_base + L::kBarOffset;
   float* alpha_x = reinterpret_cast<float*>(smem + L::kAlphaOffset);
   float* red = reinterpret_cast<float*>(smem + L::kRedOffset);
@@ -285,7 +286,9 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
         l[k] = red[row] + red[R + row] + red[2 * R + row] + red[3 * R + row];
         l_final[row] = l[k];
       }
-    __syncthreads();  // l_final for the O groups (who meet this barrier after their loop)
+    // l_final for the O groups, who meet this barrier after their loop: a named barrier of the
+    // whole block (bar.sync 0 reached from two places is divergent to synccheck)
+    named_barrier(kEpilogueBarrier, L::kThreads);
     const bool bad = rows.block_any_bad(p, page_bad) || seq.bad;
     if (w == 0 && g == 0)
 #pragma unroll
@@ -352,7 +355,7 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
       for (int mb = 0; mb < 4; ++mb) wgmma_fence_regs(o[mb]);
       mbarrier_arrive(empty(it % 2));
     }
-    __syncthreads();  // group 0's sums
+    named_barrier(kEpilogueBarrier, L::kThreads);  // group 0's sums
     const bool bad = rows.block_any_bad(p, page_bad) || seq.bad;
 #pragma unroll
     for (int j = 0; j < 8; ++j)
