@@ -48,8 +48,8 @@ struct RowsLayout {
   static constexpr int kEndOffset = kColOffset + kRows * 4;           // [64] causal ends
   static constexpr int kLOffset = kEndOffset + kRows * 4;             // [64] final sums
   static constexpr int kFlagOffset = kLOffset + kRows * 4;            // [2] whether a tile rescaled
-  static constexpr int kBarOffset = kFlagOffset + 2 * 4;              // full[2], empty[2]
-  static constexpr int kSmemBytes = kBarOffset + 4 * 8 + Tile::kAlign;
+  static constexpr int kBarOffset = kFlagOffset + 2 * 4;              // full[2], empty[2], sums_ready
+  static constexpr int kSmemBytes = kBarOffset + 5 * 8 + Tile::kAlign;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory over sm_90's 227 KB a block");
   MLAGEN_DEVICE static uint32_t q_at(int row, int byte) {
     return (row / 8) * kQSbo + (byte / 16) * kQLbo + (row % 8) * 16 + byte % 16;
@@ -88,7 +88,6 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
   smem += s_base - s_raw;
   const int tid = threadIdx.x, grp = tid / 128, wt = tid % 128, w = wt / 32, lane = tid % 32;
   const int g = lane >> 2, t = lane & 3;
-  constexpr int kEpilogueBarrier = 2;  // (1: group 0's own, 128 threads)
   const uint32_t s_q = s_base + L::kQOffset, s_p = s_base + L::kPOffset, s_bar = s_base + L::kBarOffset;
   float* alpha_x = reinterpret_cast<float*>(smem + L::kAlphaOffset);
   float* red = reinterpret_cast<float*>(smem + L::kRedOffset);
@@ -98,6 +97,7 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
   int* rescaled = reinterpret_cast<int*>(smem + L::kFlagOffset);
   auto full = [&](int b) { return s_bar + 8 * b; };
   auto empty = [&](int b) { return s_bar + 16 + 8 * b; };
+  const uint32_t sums_ready = s_bar + 32;  // group 0's final sums are in l_final
 
   const BlockCoord bc = block_coord<Shape, R>(p);
   allow_dependent_launch();
@@ -112,6 +112,7 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
   const float kv_scale = kv_scale_of(p);
   if (tid == 0) {
     for (int b = 0; b < 2; ++b) mbarrier_init(full(b), 128), mbarrier_init(empty(b), 256);
+    mbarrier_init(sums_ready, 128);
     fence_mbarrier_init();
   }
 
@@ -286,9 +287,9 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
         l[k] = red[row] + red[R + row] + red[2 * R + row] + red[3 * R + row];
         l_final[row] = l[k];
       }
-    // l_final for the O groups, who meet this barrier after their loop: a named barrier of the
-    // whole block (bar.sync 0 reached from two places is divergent to synccheck)
-    named_barrier(kEpilogueBarrier, L::kThreads);
+    // l_final for the O groups, through an mbarrier (a block barrier reached from the two roles'
+    // code is divergent to synccheck)
+    mbarrier_arrive(sums_ready);
     const bool bad = rows.block_any_bad(p, page_bad) || seq.bad;
     if (w == 0 && g == 0)
 #pragma unroll
@@ -355,7 +356,7 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
       for (int mb = 0; mb < 4; ++mb) wgmma_fence_regs(o[mb]);
       mbarrier_arrive(empty(it % 2));
     }
-    named_barrier(kEpilogueBarrier, L::kThreads);  // group 0's sums
+    mbarrier_wait(sums_ready, 0);  // group 0's sums
     const bool bad = rows.block_any_bad(p, page_bad) || seq.bad;
 #pragma unroll
     for (int j = 0; j < 8; ++j)
