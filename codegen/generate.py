@@ -12,7 +12,7 @@ import os
 
 import jinja2
 
-from .spec import KernelSpec
+from .spec import NUM_HEADS, KernelSpec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEMPLATES = os.path.join(ROOT, "templates")
@@ -80,8 +80,10 @@ def render(specs: list[KernelSpec]) -> dict[str, str]:
         out[s.filename] = kernel_t.render(spec=s, banner=banner, arch_guard=KERNEL_GUARD[s.arch],
                                           tiling=tiling_expr(s),
                                           spec_json=json.dumps(s.as_dict(), sort_keys=True))
+    heads = [str(h) for h in NUM_HEADS]
     out["registry.inc"] = env.get_template("registry.inc.j2").render(
-        specs=specs, banner=banner, fingerprint=fp, guards=REGISTRY_GUARD, dtype_enum=DTYPE_ENUM)
+        specs=specs, banner=banner, fingerprint=fp, guards=REGISTRY_GUARD, dtype_enum=DTYPE_ENUM,
+        num_heads=heads, num_heads_text=", ".join(heads[:-1]) + " or " + heads[-1])
     out["sources.cmake"] = env.get_template("sources.cmake.j2").render(
         specs=specs, banner=banner, fingerprint=fp, archs=sorted({s.arch for s in specs}))
     manifest = {"generated_by": BANNER, "fingerprint": fp, "kernels": [s.as_dict() for s in specs]}

@@ -119,6 +119,16 @@ def test_workspace_size_exact_values(L):
         _workspace_layout_bytes(4, 3, heads=256)
 
 
+def test_head_counts_are_the_specs_everywhere(L):
+    """codegen/spec.py NUM_HEADS is the one list: the library's validation (generated into
+    registry.inc) takes exactly those head counts, and the binding states the same."""
+    import mlagen
+    assert tuple(mlagen.NUM_HEADS) == spec_mod.NUM_HEADS
+    for heads in range(1, 257):
+        ok = L.mlagen_workspace_bytes(ctypes.byref(Problem.make(4, 1024, num_heads=heads, force_generic=1))) > 0
+        assert ok == (heads in spec_mod.NUM_HEADS), heads
+
+
 PAGED = dict(page_size=16, page_table=0x8000, page_table_width=64, page_table_stride=64, page_table_len=4 * 64, kv_lens=0x9000)
 BAD = [
     (dict(num_heads=12), "num_heads=12: expected 8, 16, 32, 64 or 128"),

@@ -48,9 +48,10 @@ mlagen_status validate(const mlagen_problem* p) {
   } while (0)
   MLAGEN_EXPECT(p->batch >= 1 && p->batch <= 65535, "batch=%d: expected 1..65535 (a grid dimension)", p->batch);
   MLAGEN_EXPECT(p->device >= -1, "device=%d: expected a device index, or -1 for the current device", p->device);
-  MLAGEN_EXPECT(p->num_heads == 8 || p->num_heads == 16 || p->num_heads == 32 || p->num_heads == 64 ||
-                    p->num_heads == 128,
-                "num_heads=%d: expected 8, 16, 32, 64 or 128 (DeepSeek MLA's 128 heads over TP 16..1)", p->num_heads);
+  bool heads_taken = false;
+  for (int h : kNumHeads) heads_taken |= p->num_heads == h;
+  MLAGEN_EXPECT(heads_taken, "num_heads=%d: expected " MLAGEN_NUM_HEADS_TEXT " (DeepSeek MLA's 128 heads over TP 16..1)",
+                p->num_heads);
   MLAGEN_EXPECT(p->num_kv_heads == 1, "num_kv_heads=%d: expected 1 (MQA over the shared latent)", p->num_kv_heads);
   MLAGEN_EXPECT(p->q_len >= 1 && p->q_len <= 4,
                 "q_len=%d: expected 1..4 (query tokens a sequence: decode, or MTP / speculative verification)", p->q_len);

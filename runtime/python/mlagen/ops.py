@@ -34,7 +34,7 @@ from typing import Optional
 
 import torch
 
-from . import decode
+from . import NUM_HEADS, decode
 
 _DV = 512
 
@@ -71,7 +71,7 @@ def _decode_lse_op(q: torch.Tensor, kv: torch.Tensor, kv_scale: Optional[torch.T
 
 
 def _check_q(q):
-    torch._check(q.dim() == 3 and q.shape[1] in (8, 16, 32, 64, 128),
+    torch._check(q.dim() == 3 and q.shape[1] in NUM_HEADS,
                  lambda: f"q: shape {tuple(q.shape)}: expected (total_q, num_heads 8..128, 576)")
 
 
