@@ -69,8 +69,9 @@ ROWS_A_BLOCK = 16  # query rows a row group (shapes.cuh QueryRows::kRows): the b
 # warpgroups (S, and O by halves) over 64 query rows, fp8 KV in tiles of 64, one block an SM
 ROWS_BODY_BLOCK_M = 64
 # (arch, kv dtype) -> the rows body's tiles: where it exists, and what its kernels are built with.
-# Stages by q dtype: the O groups hold one ring slot while S reads the next; an fp8 q's Q (36 KB)
-# leaves room for a 4th 36 KB stage, a bf16 q's hi + lo (72 KB) does not.
+# Stages by q dtype, the most that fit (also the validation's limit): the O groups hold one ring
+# slot while S reads the next; an fp8 q's Q (36 KB) leaves room for a 4th 36 KB stage, a bf16 q's
+# hi + lo (72 KB) does not.
 ROWS_BODY = {("sm90a", "fp8e4m3fn"): dict(block_n=WARPGROUP_BLOCK_N, stages={"bf16": 3, "fp8": 4},
                                           block_m=ROWS_BODY_BLOCK_M)}
 
@@ -301,10 +302,10 @@ class KernelSpec:
             if self.page_size:
                 bad("page_size", "0 with block_m 64 (the rows body's kernels read contiguous rows; paged problems take "
                                  "the generic kernel)")
-            top = 3 if self.q_dtype == "bf16" else 4  # 36 KB a stage beside q (72 KB hi + lo, or 36) and 16 KB of P
+            top = tiles["stages"]  # as many 36 KB stages as fit beside this q's Q and the P slots (ROWS_BODY)
             if not 2 <= self.stages <= top:
                 bad("stages", f"2..{top} with block_m 64 and a {self.q_dtype} q (the rows body: 36 KB a stage beside "
-                              f"{72 if self.q_dtype == 'bf16' else 36} KB of q and 16 KB of P, under 227 KB)")
+                              "its q and 16 KB of P, under 227 KB)")
         if not 2 <= self.stages <= 8:
             bad("stages", "2..8")
         if self.vendor == "amd" and self.stages != 2:
