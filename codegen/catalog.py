@@ -38,13 +38,14 @@ PAGED_SPECIALIZED = {"sm90a": dict(dtypes=(("bf16", "fp8e4m3fn"), ("bf16", "bf16
 # engine runs most (128 heads: TP1 / data-parallel attention; 64, 32: TP2, TP4; q_len 2 and 4:
 # MTP / speculative verification at TP8). Every other (heads, q_len) is the generic kernel's.
 # (num_heads, q_len) -> ((q dtype, kv dtype) pairs, shapes)
-# Rows of 64 and more (128 and 64 heads, 16 heads x 4 tokens) take the rows body (spec block_m
-# 64); the (2, 1000) / (3, 1000) shapes are there so that its short last tile and splits run in
-# the tests (tests/test_gpu_rows.py test_rows_body_matches_float64).
+# Rows of 64 and more (128 and 64 heads, 16 heads x 4 tokens) take the rows body with spec block_m
+# 64, rows of 32 (32 heads, 16 heads x 2 tokens) with block_m 32; the (2, 1000) / (3, 1000) shapes
+# are there so that its short last tile and splits run in the tests (tests/test_gpu_rows.py
+# test_rows_body_matches_float64).
 ROWS_SPECIALIZED = {"sm90a": {(128, 1): ((("bf16", "fp8e4m3fn"), ("fp8", "fp8e4m3fn")), ((64, 8192), (128, 4096), (2, 1000))),
                               (64, 1): ((("bf16", "fp8e4m3fn"),), ((64, 8192),)),
                               (32, 1): ((("bf16", "fp8e4m3fn"),), ((64, 8192),)),
-                              (16, 2): ((("bf16", "fp8e4m3fn"),), ((32, 8192), (64, 8192), (256, 8192))),
+                              (16, 2): ((("bf16", "fp8e4m3fn"),), ((32, 8192), (64, 8192), (256, 8192), (3, 1000))),
                               (16, 4): ((("bf16", "fp8e4m3fn"),), ((32, 8192), (64, 8192), (256, 8192), (3, 1000)))}}
 # The rows body (spec.ROWS_BODY): the specialized kernels above whose heads x q_len is a multiple
 # of 64 take it, and so does a generic kernel (role 3) that the runtime takes instead of the
@@ -107,8 +108,8 @@ def rows_params(arch: str, batch: int, kv_len: int, q_dtype: str, kv_dtype: str,
     """A query-rows kernel's tiling: the rows body (64 rows a block, one block an SM) where it
     applies (sm90a fp8 KV, heads x q_len a multiple of 64), else the 16-row body's heuristic."""
     rows = heads * q_len
-    tiles = rows_body_tiles(arch, q_dtype, kv_dtype)
-    if tiles and rows % tiles["block_m"] == 0:
+    tiles = rows_body_tiles(arch, q_dtype, kv_dtype, rows)
+    if tiles:
         blocks = batch * rows // tiles["block_m"]
         return dict(splits=heuristic_splits(ROWS_BODY_TARGET_BLOCKS, blocks, kv_len), **tiles)
     return heuristic_params(arch, batch, kv_len, kv_dtype, row_groups(heads, q_len))

@@ -67,20 +67,27 @@ NUM_HEADS = (8, 16, 32, 64, 128)  # what the kernels take (shapes.cuh QueryRows:
 ROWS_A_BLOCK = 16  # query rows a row group (shapes.cuh QueryRows::kRows): the block of every body but the rows one
 # block_m 64: the sm90a rows body (runtime/include/mlagen/device/mla_decode_sm90_rows.cuh), three
 # warpgroups (S, and O by halves) over 64 query rows, fp8 KV in tiles of 64, one block an SM
-ROWS_BODY_BLOCK_M = 64
+ROWS_BODY_BLOCK_M = 64  # the generic rows kernel's, and the rows of 64 and more
+ROWS_BODY_BLOCK_MS = (32, 64)  # 32: heads x q_len of 32 (32 heads, or 16 heads x 2 tokens)
 # (arch, kv dtype) -> the rows body's tiles: where it exists, and what its kernels are built with.
-# Stages by q dtype, the most that fit (also the validation's limit): the O groups hold one ring
-# slot while S reads the next; an fp8 q's Q (36 KB) leaves room for a 4th 36 KB stage, a bf16 q's
-# hi + lo (72 KB) does not.
-ROWS_BODY = {("sm90a", "fp8e4m3fn"): dict(block_n=WARPGROUP_BLOCK_N, stages={"bf16": 3, "fp8": 4},
-                                          block_m=ROWS_BODY_BLOCK_M)}
+# Stages by (block_m, q dtype): the O groups hold one ring slot while S reads the next, so the
+# body wants as many 36 KB stages as fit in 227 KB beside Q (block_m x 576 bytes, twice for a
+# bf16 q's hi + lo) and two P slots (block_m x 64 f16 each).
+ROWS_BODY = {("sm90a", "fp8e4m3fn"): dict(block_n=WARPGROUP_BLOCK_N,
+                                          stages={(64, "bf16"): 3, (64, "fp8"): 4, (32, "bf16"): 4, (32, "fp8"): 5})}
 
 
-def rows_body_tiles(arch: str, q_dtype: str, kv_dtype: str) -> dict | None:
-    """The rows body's KernelSpec tiles (block_n, stages, block_m) for these formats, or None
-    where it does not exist."""
+def rows_body_tiles(arch: str, q_dtype: str, kv_dtype: str, rows: int | None = None) -> dict | None:
+    """The rows body's KernelSpec tiles (block_n, stages, block_m) for these formats and
+    heads x q_len rows (None: the generic rows kernel, block_m 64), or None where it does not
+    apply."""
     tiles = ROWS_BODY.get((arch, kv_dtype))
-    return None if tiles is None else dict(tiles, stages=tiles["stages"][q_dtype])
+    if tiles is None:
+        return None
+    block_m = ROWS_BODY_BLOCK_M if rows is None else next((m for m in (64, 32) if rows % m == 0), None)
+    if block_m is None:
+        return None
+    return dict(block_n=tiles["block_n"], stages=tiles["stages"][(block_m, q_dtype)], block_m=block_m)
 
 
 def row_groups(num_heads: int, q_len: int) -> int:
@@ -110,7 +117,7 @@ class KernelSpec:
     v_dim: int = 512
     block_n: int = 32   # KV tokens per pipeline tile
     stages: int = 4     # tiles in flight (cp.async ring depth)
-    block_m: int = 16   # query rows a block: 16 (a row group), or 64 (the sm90a rows body)
+    block_m: int = 16   # query rows a block: 16 (a row group), or 32 / 64 (the sm90a rows body)
     page_size: int = 0  # specialized: KV rows in pages of this many (0 = contiguous rows); the
                         # generic kernel (0) reads contiguous or paged rows, page size at run time
 
@@ -153,8 +160,8 @@ class KernelSpec:
 
     @property
     def rows_body(self) -> bool:
-        """The sm90a rows body: 64 query rows a block (two warpgroups), fp8 KV."""
-        return self.block_m == ROWS_BODY_BLOCK_M
+        """The sm90a rows body: 32 or 64 query rows a block (three warpgroups), fp8 KV."""
+        return self.block_m in ROWS_BODY_BLOCK_MS
 
     @property
     def native_fp8(self) -> bool:
@@ -289,23 +296,25 @@ class KernelSpec:
             bad("block_n", "32 or 64")
         if self.warpgroup and self.stages > 5:
             bad("stages", "2..5 with block_n 64 on sm90a fp8 / mxfp4 (the warpgroup kernel: 37 / 21 KB a stage)")
-        if self.block_m not in (ROWS_A_BLOCK, ROWS_BODY_BLOCK_M):
-            bad("block_m", f"{ROWS_A_BLOCK} or {ROWS_BODY_BLOCK_M} (query rows a block)")
+        if self.block_m not in (ROWS_A_BLOCK,) + ROWS_BODY_BLOCK_MS:
+            bad("block_m", f"{ROWS_A_BLOCK}, 32 or 64 (query rows a block)")
         if self.rows_body:
-            tiles = rows_body_tiles(self.arch, self.q_dtype, self.kv_dtype)
+            tiles = ROWS_BODY.get((self.arch, self.kv_dtype))
             if not tiles or self.block_n != tiles["block_n"]:
                 bad("block_m", f"{ROWS_A_BLOCK} except for {', '.join(f'{a} {k}' for a, k in ROWS_BODY)} KV with "
                                f"block_n {WARPGROUP_BLOCK_N} (the rows body)")
-            if not self.generic and (self.num_heads * self.q_len) % ROWS_BODY_BLOCK_M:
-                bad("block_m", f"{ROWS_A_BLOCK} unless the kernel's heads x q_len is a multiple of {ROWS_BODY_BLOCK_M} "
+            if self.generic and self.block_m != ROWS_BODY_BLOCK_M:
+                bad("block_m", f"{ROWS_BODY_BLOCK_M} for the generic rows kernel")
+            if not self.generic and (self.num_heads * self.q_len) % self.block_m:
+                bad("block_m", f"{ROWS_A_BLOCK} unless the kernel's heads x q_len is a multiple of {self.block_m} "
                                "(the generic rows kernel: checked at run time)")
             if self.page_size:
-                bad("page_size", "0 with block_m 64 (the rows body's kernels read contiguous rows; paged problems take "
-                                 "the generic kernel)")
-            top = tiles["stages"]  # as many 36 KB stages as fit beside this q's Q and the P slots (ROWS_BODY)
+                bad("page_size", f"0 with block_m {self.block_m} (the rows body's kernels read contiguous rows; paged "
+                                 "problems take the generic kernel)")
+            top = tiles["stages"][(self.block_m, self.q_dtype)]
             if not 2 <= self.stages <= top:
-                bad("stages", f"2..{top} with block_m 64 and a {self.q_dtype} q (the rows body: 36 KB a stage beside "
-                              "its q and 16 KB of P, under 227 KB)")
+                bad("stages", f"2..{top} with block_m {self.block_m} and a {self.q_dtype} q (the rows body: 36 KB a "
+                              "stage beside q and two P slots, under 227 KB)")
         if not 2 <= self.stages <= 8:
             bad("stages", "2..8")
         if self.vendor == "amd" and self.stages != 2:

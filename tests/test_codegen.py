@@ -205,7 +205,7 @@ def test_rows_body_specs_round_trip_and_validate():
     assert s.body == "sm90_rows" and s.target_blocks == 132 and "RowsTiling</*stages=*/3" in tiling_expr(s)
     ok = dict(arch="sm90a", batch=4, kv_len=1024, splits=1, kv_dtype="fp8e4m3fn", num_heads=128, block_n=64,
               stages=3, block_m=64)
-    for kw in (dict(block_m=32), dict(kv_dtype="bf16", block_n=32), dict(block_n=32), dict(num_heads=32),
+    for kw in (dict(block_m=48), dict(kv_dtype="bf16", block_n=32), dict(block_n=32), dict(num_heads=32),
                dict(num_heads=16, q_len=2), dict(stages=4), dict(page_size=64)):
         with pytest.raises(SpecError, match="block_m|stages|page_size"):
             KernelSpec(**{**ok, **kw})
@@ -219,5 +219,16 @@ def test_rows_body_specs_round_trip_and_validate():
     # the catalog's rows kernels of 64 rows and more take it, the others keep 16
     from codegen.catalog import build_catalog
     rows = [k for k in build_catalog(archs=["sm90a"]) if (k.num_heads, k.q_len) != (16, 1)]
-    assert rows and all((k.block_m == 64) == (k.num_heads * k.q_len % 64 == 0 and k.kv_dtype == "fp8e4m3fn")
-                        for k in rows)
+    def expected(k):
+        r = k.num_heads * k.q_len
+        return 16 if k.kv_dtype != "fp8e4m3fn" else 64 if r % 64 == 0 else 32 if r % 32 == 0 else 16
+    assert rows and all(k.block_m == expected(k) for k in rows), [(k.name, k.block_m) for k in rows]
+    assert any(k.block_m == 32 for k in rows)
+    # block_m 32: heads x q_len a multiple of 32, its own stage limits, not for the generic kernel
+    s32 = KernelSpec("sm90a", 64, 8192, 2, "bf16", "fp8e4m3fn", num_heads=32, block_n=64, stages=4, block_m=32)
+    assert s32.name.endswith("_h32_bn64_bm32") and KernelSpec.parse(s32.name) == s32
+    assert "/*rows=*/32" in tiling_expr(s32)
+    for kw in (dict(num_heads=16), dict(stages=5), dict(batch=0, kv_len=0, splits=0, num_heads=16)):
+        with pytest.raises(SpecError, match="block_m|stages"):
+            KernelSpec(**{**dict(arch="sm90a", batch=64, kv_len=8192, splits=2, kv_dtype="fp8e4m3fn", num_heads=32,
+                                 block_n=64, stages=4, block_m=32), **kw})

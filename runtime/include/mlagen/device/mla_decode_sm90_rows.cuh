@@ -32,10 +32,12 @@
 #if defined(MLAGEN_NVIDIA)
 namespace mlagen::device {
 
-template <int kStages_, QFormat kQ_>
+template <int kStages_, QFormat kQ_, int kRows_>
 struct RowsLayout {
+  static_assert(kRows_ == 32 || kRows_ == 64, "the rows body takes 32 or 64 query rows a block");
   using Tile = WgLayout<kStages_, KvFormat::kFp8>;
-  static constexpr int kBlockN = Tile::kBlockN, kStages = kStages_, kRows = 64, kThreads = 384;
+  static constexpr int kBlockN = Tile::kBlockN, kStages = kStages_, kRows = kRows_, kThreads = 384;
+  static constexpr int kSlots = kRows / 4;  // query rows a group-0 thread holds (S^T columns 8 j + 2 t + e)
   static constexpr bool kQLo = kQ_ == QFormat::kBf16;
   static constexpr int kSN = kQLo ? 2 * kRows : kRows;  // N of the S^T chain
   static constexpr int kQLbo = 128, kQSbo = Tile::kChunksPerRow * 128, kQBytes = kSN / 8 * kQSbo;
@@ -60,13 +62,13 @@ struct RowsLayout {
 };
 
 // The rows body's tiling (codegen/spec.py block_m 64): fp8 KV only.
-template <int kStages_, QFormat kQ_>
+template <int kStages_, QFormat kQ_, int kRows_>
 struct RowsTiling {
-  using L = RowsLayout<kStages_, kQ_>;
+  using L = RowsLayout<kStages_, kQ_, kRows_>;
   static constexpr KvFormat kKv = KvFormat::kFp8;
   static constexpr QFormat kQ = kQ_;
   template <QFormat Q>
-  using WithQ = RowsTiling<kStages_, Q>;
+  using WithQ = RowsTiling<kStages_, Q, kRows_>;
   static constexpr bool kRowsBody = true, kWide = false, kWarpgroup = false;
   static constexpr int kRowsPerBlock = L::kRows;
   static constexpr float kVUnit = 1.f;  // partial O is in KV units (the combine applies the KV scale)
@@ -81,7 +83,7 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
   using namespace sm90;
   using L = typename T::L;
   using Tile = typename L::Tile;
-  constexpr int BN = L::kBlockN, ST = L::kStages, R = L::kRows;
+  constexpr int BN = L::kBlockN, ST = L::kStages, R = L::kRows, NS = L::kSlots;
   constexpr bool kLo = L::kQLo;
   const uint32_t s_raw = smem_addr(smem);
   const uint32_t s_base = (s_raw + Tile::kAlign - 1) & ~static_cast<uint32_t>(Tile::kAlign - 1);
@@ -177,10 +179,10 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
     setmaxnreg_dec<152>();
     const uint64_t q_desc = wgmma_desc(s_q, L::kQLbo, L::kQSbo);
     const int row0 = 16 * w + g;
-    float m[16], l[16], cs[16];  // rows 8 j + 2 t + e, slot k = 2 j + e
+    float m[NS], l[NS], cs[NS];  // rows 8 j + 2 t + e, slot k = 2 j + e
     int min_end = tok_end;       // tiles ending before every row's causal end need no mask
 #pragma unroll
-    for (int k = 0; k < 16; ++k) m[k] = -INFINITY, l[k] = 0.f, cs[k] = row_cs[8 * (k / 2) + 2 * t + k % 2];
+    for (int k = 0; k < NS; ++k) m[k] = -INFINITY, l[k] = 0.f, cs[k] = row_cs[8 * (k / 2) + 2 * t + k % 2];
     for (int r = 0; r < R; ++r) min_end = min(min_end, row_end[r]);
     for (int it = 0; it < ntiles; ++it) {
       cp_async_wait<ST - 2>();
@@ -196,12 +198,15 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
         const uint64_t a = ks < 16 ? wgmma_desc_advance(k_desc, (ks / 4) * Tile::kAtom128Bytes + (ks % 4) * 32)
                                    : wgmma_desc_advance(rope_desc, (ks - 16) * 32);
         const uint64_t b = wgmma_desc_advance(q_desc, 2 * ks * L::kQLbo);
-        if constexpr (kLo) {
+        if constexpr (L::kSN == 128) {
           if (ks == 0) wgmma_m64n128k32_e4m3_ss_first(s, a, b);
           else wgmma_m64n128k32_e4m3_ss(s, a, b);
-        } else {
+        } else if constexpr (L::kSN == 64) {
           if (ks == 0) wgmma_m64n64k32_e4m3_ss_first(s, a, b);
           else wgmma_m64n64k32_e4m3_ss(s, a, b, 1);
+        } else {
+          if (ks == 0) wgmma_m64n32k32_e4m3_ss_first(s, a, b);
+          else wgmma_m64n32k32_e4m3_ss(s, a, b, 1);
         }
       }
       wgmma_commit();
@@ -210,14 +215,14 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
 
       const int tok0 = tok_begin + it * BN;
       const bool masked = tok0 + BN > min_end;  // (uniform)
-      float mx[16];  // this warp's max of each row over its 16 tokens
+      float mx[NS];  // this warp's max of each row over its 16 tokens
 #pragma unroll
-      for (int k = 0; k < 16; ++k) {
+      for (int k = 0; k < NS; ++k) {
         const int j = k / 2, e = k % 2;
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           float x = s[4 * j + 2 * r + e] * cs[k];
-          if constexpr (kLo) x = fmaf(s[4 * (j + 8) + 2 * r + e], cs[k] * 0.0625f, x);
+          if constexpr (kLo) x = fmaf(s[4 * (j + R / 8) + 2 * r + e], cs[k] * 0.0625f, x);
           if (masked) x = tok0 + row0 + 8 * r < row_end[8 * j + 2 * t + e] ? x : -INFINITY;
           s[4 * j + 2 * r + e] = x;  // (in place)
         }
@@ -231,17 +236,17 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
       constexpr float kLazyLog2 = 8.f;
       bool grow = false;
 #pragma unroll
-      for (int k = 0; k < 16; ++k) grow |= mx[k] > m[k] + kLazyLog2;
+      for (int k = 0; k < NS; ++k) grow |= mx[k] > m[k] + kLazyLog2;
       grow = named_barrier_or(1, 128, grow);
       const uint32_t s_pt = s_p + (it % 2) * L::kPBytes;
       if (grow) {
         float* alpha_t = alpha_x + (it % 2) * R;
         if (g == 0)
 #pragma unroll
-          for (int k = 0; k < 16; ++k) red[w * R + 8 * (k / 2) + 2 * t + k % 2] = mx[k];
+          for (int k = 0; k < NS; ++k) red[w * R + 8 * (k / 2) + 2 * t + k % 2] = mx[k];
         named_barrier(1, 128);
 #pragma unroll
-        for (int k = 0; k < 16; ++k) {
+        for (int k = 0; k < NS; ++k) {
           const int row = 8 * (k / 2) + 2 * t + k % 2;
           float tm = red[row];
 #pragma unroll
@@ -253,7 +258,7 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
       }
       if (wt == 0) rescaled[it % 2] = grow;
 #pragma unroll
-      for (int k = 0; k < 16; ++k) {
+      for (int k = 0; k < NS; ++k) {
         const int j = k / 2, e = k % 2, row = 8 * j + 2 * t + e;
         const float mb = step_base<Shape::kRowsEndEarly>(m[k]);
         const float p0 = fast_exp2(s[4 * j + e] - mb), p1 = fast_exp2(s[4 * j + 2 + e] - mb);
@@ -272,17 +277,17 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
     cp_async_wait<0>();
     // l over the 8 row lanes and the 4 warps, for the O groups' epilogue; the rows' states
 #pragma unroll
-    for (int k = 0; k < 16; ++k)
+    for (int k = 0; k < NS; ++k)
 #pragma unroll
       for (int o2 = 4; o2 < 32; o2 *= 2) l[k] += __shfl_xor(l[k], o2);
     named_barrier(1, 128);  // (the maxima's last readers are done)
     if (g == 0)
 #pragma unroll
-      for (int k = 0; k < 16; ++k) red[w * R + 8 * (k / 2) + 2 * t + k % 2] = l[k];
+      for (int k = 0; k < NS; ++k) red[w * R + 8 * (k / 2) + 2 * t + k % 2] = l[k];
     named_barrier(1, 128);
     if (w == 0 && g == 0)
 #pragma unroll
-      for (int k = 0; k < 16; ++k) {
+      for (int k = 0; k < NS; ++k) {
         const int row = 8 * (k / 2) + 2 * t + k % 2;
         l[k] = red[row] + red[R + row] + red[2 * R + row] + red[3 * R + row];
         l_final[row] = l[k];
@@ -293,7 +298,7 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
     const bool bad = rows.block_any_bad(p, page_bad) || seq.bad;
     if (w == 0 && g == 0)
 #pragma unroll
-      for (int k = 0; k < 16; ++k) {
+      for (int k = 0; k < NS; ++k) {
         const int row = 8 * (k / 2) + 2 * t + k % 2;
         if (splits > 1) p.part_ml[qr.part(row)] = split_state(m[k], l[k], bad);
         else if (qr.owns(row)) store_lse(p, qr.token(row), qr.head(row), m[k], l[k], bad);
@@ -303,11 +308,11 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
     setmaxnreg_inc<176>();
     const int oc = grp - 1;
     const int dv = 256 * oc + 8 * (8 * w + g);
-    float o[4][32];
+    float o[4][R / 2];
 #pragma unroll
     for (int mb = 0; mb < 4; ++mb)
 #pragma unroll
-      for (int i = 0; i < 32; ++i) o[mb][i] = 0.f;
+      for (int i = 0; i < R / 2; ++i) o[mb][i] = 0.f;
     uint32_t voff[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) voff[i] = Tile::kv_at(2 * t + (i % 2) + 8 * (i / 2), dv);
@@ -331,7 +336,7 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
       const float* alpha_t = alpha_x + (it % 2) * R;
       if (rescaled[it % 2])  // (uniform)
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
+        for (int j = 0; j < R / 8; ++j) {
           const float2 f = *reinterpret_cast<const float2*>(alpha_t + 8 * j + 2 * t);
 #pragma unroll
           for (int mb = 0; mb < 4; ++mb)
@@ -348,7 +353,10 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
         for (int mb = 0; mb < 4; ++mb) wgmma_fence_regs(o[mb]), wgmma_fence_regs(a[mb]);
         wgmma_fence();
 #pragma unroll
-        for (int mb = 0; mb < 4; ++mb) wgmma_m64n64k16_f16_rs(o[mb], a[mb], wgmma_desc_advance(p_desc, 2 * ks * L::kPLbo));
+        for (int mb = 0; mb < 4; ++mb) {
+          if constexpr (R == 64) wgmma_m64n64k16_f16_rs(o[mb], a[mb], wgmma_desc_advance(p_desc, 2 * ks * L::kPLbo));
+          else wgmma_m64n32k16_f16_rs(o[mb], a[mb], wgmma_desc_advance(p_desc, 2 * ks * L::kPLbo));
+        }
         wgmma_commit();
       }
       wgmma_wait<0>();
@@ -359,7 +367,7 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
     mbarrier_wait(sums_ready, 0);  // group 0's sums
     const bool bad = rows.block_any_bad(p, page_bad) || seq.bad;
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+    for (int j = 0; j < R / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int br = 8 * j + 2 * t + e;

@@ -313,6 +313,19 @@ MLAGEN_DEVICE void wgmma_m64n64k16_f16_rs(float (&d)[32], const uint32_t (&a)[4]
 #endif
 }
 
+// D(64x32, f32) += A(64x16, f16, registers) * B(32x16, f16, shared, K-major)^T (A as above).
+MLAGEN_DEVICE void wgmma_m64n32k16_f16_rs(float (&d)[16], const uint32_t (&a)[4], uint64_t desc_b) {
+#if defined(MLAGEN_WGMMA_UNAVAILABLE)
+  __trap();
+#else
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 " MLAGEN_WGMMA_D16
+      ", {%16,%17,%18,%19}, %20, 1, 1, 1, 0;\n"
+      : MLAGEN_WGMMA_D16_OUT(d)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+#endif
+}
+
 // D(64x128, f32) (+)= A(64x32, e4m3, shared, K-major) * B(128x32, e4m3, shared, K-major)^T.
 MLAGEN_DEVICE void wgmma_m64n128k32_e4m3_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
 #if defined(MLAGEN_WGMMA_UNAVAILABLE)
