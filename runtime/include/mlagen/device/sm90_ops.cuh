@@ -298,6 +298,17 @@ MLAGEN_DEVICE void wgmma_m64n64k32_e4m3_ss_first(float (&d)[32], uint64_t desc_a
       : "l"(desc_a), "l"(desc_b));
 #endif
 }
+MLAGEN_DEVICE void wgmma_m64n32k32_e4m3_ss_first(float (&d)[16], uint64_t desc_a, uint64_t desc_b) {
+#if defined(MLAGEN_WGMMA_UNAVAILABLE)
+  __trap();
+#else
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 " MLAGEN_WGMMA_D16 ", %16, %17, 0, 1, 1;\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), "=f"(d[8]),
+        "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15])
+      : "l"(desc_a), "l"(desc_b));
+#endif
+}
 // D(64x64, f32) += A(64x16, f16, registers) * B(64x16, f16, shared, K-major)^T. Register A
 // fragment (16-bit types), warp w: a[0] = A[16w + g][2t..2t+1], a[1] = A[16w + g + 8][2t..2t+1],
 // a[2] = A[16w + g][2t+8..2t+9], a[3] = A[16w + g + 8][2t+8..2t+9] (low half = lower k).
