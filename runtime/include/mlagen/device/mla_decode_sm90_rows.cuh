@@ -128,21 +128,38 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
     if (j < ntiles) {
       const int tok0 = tok_begin + j * BN, rows_left = tok_end - tok0;
       const uint32_t dst = s_base + (j % ST) * Tile::kStageBytes;
-      const bool whole = rows_left >= BN && rows.template tile_contiguous<BN>();
-      const uint8_t* base = whole ? rows.ptr(tok0, page_bad) : nullptr;
+      if (rows_left >= BN && rows.template tile_contiguous<BN>()) {  // (uniform)
+        // 64 rows back to back: one row address a tile, then fixed steps and immediate offsets
+        // (the general path below costs group 0, whose instructions are the tile's critical
+        // path, about 190 instructions a tile: docs/perf.md v13)
+        const uint8_t* base = rows.ptr(tok0, page_bad);
+        const uint8_t* src = base + rm * stride + c8 * 16;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int r = rm + 16 * i;
-        const uint8_t* src = whole ? base + r * stride : (r < rows_left ? rows.ptr(tok0 + r, page_bad) : nullptr);
+        for (int i = 0; i < 4; ++i, src += 16 * stride)
 #pragma unroll
-        for (int a = 0; a < 4; ++a)
-          cp_async_16(dst + dst_main + i * 2048 + a * Tile::kAtom128Bytes, src ? src + a * 128 + c8 * 16 : p.kv, src != nullptr);
-      }
+          for (int a = 0; a < 4; ++a)
+            cp_async_16_full(dst + dst_main + i * 2048 + a * Tile::kAtom128Bytes, src + a * 128);
+        src = base + rr * stride + 512 + c4 * 16;
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int r = rr + 32 * i;
-        const uint8_t* src = whole ? base + r * stride : (r < rows_left ? rows.ptr(tok0 + r, page_bad) : nullptr);
-        cp_async_16(dst + dst_rope + i * 2048, src ? src + 512 + c4 * 16 : p.kv, src != nullptr);
+        for (int i = 0; i < 2; ++i, src += 32 * stride) cp_async_16_full(dst + dst_rope + i * 2048, src);
+      } else {
+        // the sequence's last, short tile (or rows on pages shorter than a tile): row by row,
+        // rows past the end zero-filled
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int r = rm + 16 * i;
+          const uint8_t* src = r < rows_left ? rows.ptr(tok0 + r, page_bad) : nullptr;
+#pragma unroll
+          for (int a = 0; a < 4; ++a)
+            cp_async_16(dst + dst_main + i * 2048 + a * Tile::kAtom128Bytes, src ? src + a * 128 + c8 * 16 : p.kv,
+                        src != nullptr);
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int r = rr + 32 * i;
+          const uint8_t* src = r < rows_left ? rows.ptr(tok0 + r, page_bad) : nullptr;
+          cp_async_16(dst + dst_rope + i * 2048, src ? src + 512 + c4 * 16 : p.kv, src != nullptr);
+        }
       }
     }
     cp_async_commit();
