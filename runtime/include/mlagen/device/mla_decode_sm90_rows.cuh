@@ -201,6 +201,8 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
 #pragma unroll
     for (int k = 0; k < NS; ++k) m[k] = -INFINITY, l[k] = 0.f, cs[k] = row_cs[8 * (k / 2) + 2 * t + k % 2];
     for (int r = 0; r < R; ++r) min_end = min(min_end, row_end[r]);
+    // stmatrix: lane -> row lane % 8 of fragment lane / 8 (j = lane / 16, r = lane / 8 % 2) of a group of four
+    const uint32_t p_lane = L::p_at(8 * (lane / 16) + lane % 8, 16 * w + 8 * (lane / 8 % 2));
     for (int it = 0; it < ntiles; ++it) {
       cp_async_wait<ST - 2>();
       fence_proxy_async_smem();
@@ -232,7 +234,12 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
 
       const int tok0 = tok_begin + it * BN;
       const bool masked = tok0 + BN > min_end;  // (uniform)
-      float mx[NS];  // this warp's max of each row over its 16 tokens
+      // Lazy rescale: the rows keep their base m while no score exceeds it by more than
+      // kLazyLog2 (P <= 2^kLazyLog2 in f16); only a tile where one does meets the rows' maxima
+      // over the 8 lanes and the 4 warps and rescales (the first tile always, as m = -inf). The
+      // test needs no maxima: a score over m + kLazyLog2 is one over the row's max.
+      constexpr float kLazyLog2 = 8.f;
+      bool grow = false;
 #pragma unroll
       for (int k = 0; k < NS; ++k) {
         const int j = k / 2, e = k % 2;
@@ -243,21 +250,20 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
           if (masked) x = tok0 + row0 + 8 * r < row_end[8 * j + 2 * t + e] ? x : -INFINITY;
           s[4 * j + 2 * r + e] = x;  // (in place)
         }
-        mx[k] = fmaxf(s[4 * j + e], s[4 * j + 2 + e]);
-#pragma unroll
-        for (int o2 = 4; o2 < 32; o2 *= 2) mx[k] = fmaxf(mx[k], __shfl_xor(mx[k], o2));
+        grow |= fmaxf(s[4 * j + e], s[4 * j + 2 + e]) > m[k] + kLazyLog2;
       }
-      // Lazy rescale: the rows keep their base m while no score exceeds it by more than
-      // kLazyLog2 (P <= 2^kLazyLog2 in f16); only a tile where one does meets the 4 warps' maxima
-      // and rescales (the first tile always, as m = -inf).
-      constexpr float kLazyLog2 = 8.f;
-      bool grow = false;
-#pragma unroll
-      for (int k = 0; k < NS; ++k) grow |= mx[k] > m[k] + kLazyLog2;
       grow = named_barrier_or(1, 128, grow);
       const uint32_t s_pt = s_p + (it % 2) * L::kPBytes;
       if (grow) {
         float* alpha_t = alpha_x + (it % 2) * R;
+        float mx[NS];  // this warp's max of each row over its 16 tokens
+#pragma unroll
+        for (int k = 0; k < NS; ++k) {
+          const int j = k / 2, e = k % 2;
+          mx[k] = fmaxf(s[4 * j + e], s[4 * j + 2 + e]);
+#pragma unroll
+          for (int o2 = 4; o2 < 32; o2 *= 2) mx[k] = fmaxf(mx[k], __shfl_xor(mx[k], o2));
+        }
         if (g == 0)
 #pragma unroll
           for (int k = 0; k < NS; ++k) red[w * R + 8 * (k / 2) + 2 * t + k % 2] = mx[k];
@@ -274,16 +280,24 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
         }
       }
       if (wt == 0) rescaled[it % 2] = grow;
+      // P, and P^T into its slot: the thread's scores of rows 8 j + 2 t + {0, 1} at token
+      // row0 + 8 r are one 8 x 8 fragment (j, r) of S^T; stmatrix .trans stores each fragment
+      // as 8 query rows of 8 tokens, the O wgmma's B layout (L::p_at), four fragments an instruction
+      uint32_t ph[R / 4];  // fragment 2 j + r
 #pragma unroll
-      for (int k = 0; k < NS; ++k) {
-        const int j = k / 2, e = k % 2, row = 8 * j + 2 * t + e;
-        const float mb = step_base<Shape::kRowsEndEarly>(m[k]);
-        const float p0 = fast_exp2(s[4 * j + e] - mb), p1 = fast_exp2(s[4 * j + 2 + e] - mb);
-        l[k] += p0 + p1;
-        const uint32_t h2 = pack_f16x2(p0, p1);
-        sts16(s_pt + L::p_at(row, row0), h2 & 0xffffu);
-        sts16(s_pt + L::p_at(row, row0 + 8), h2 >> 16);
+      for (int k = 0; k < NS; k += 2) {
+        const int j = k / 2;
+        const float mb0 = step_base<Shape::kRowsEndEarly>(m[k]), mb1 = step_base<Shape::kRowsEndEarly>(m[k + 1]);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float p0 = fast_exp2(s[4 * j + 2 * r] - mb0), p1 = fast_exp2(s[4 * j + 2 * r + 1] - mb1);
+          l[k] += p0, l[k + 1] += p1;
+          ph[2 * j + r] = pack_f16x2(p0, p1);
+        }
       }
+#pragma unroll
+      for (int q4 = 0; q4 < R / 16; ++q4)
+        stmatrix_x4_trans(s_pt + p_lane + q4 * 2 * L::kPSbo, ph[4 * q4], ph[4 * q4 + 1], ph[4 * q4 + 2], ph[4 * q4 + 3]);
       fence_proxy_async_smem();
       mbarrier_arrive(full(it % 2));
       // O(it - 1) done: its KV slot ((it - 1) % ST, the next copies' target) is free, and so is the
