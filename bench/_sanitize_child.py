@@ -174,6 +174,8 @@ ROWS_CASES = [  # (heads, q lengths, kv lengths, splits, page)
     # uniform: the specialized rows-body kernels of these shapes (b2_kv1000 h128, b3_kv1000 ql4), short last tiles
     (128, [1, 1], [1000, 1000], 0, 0),
     (16, [4, 4, 4], [1000, 1000, 1000], 0, 0),
+    # the 32-row rows body (block_m 32): b3_kv1000 ql2, short last tiles
+    (16, [2, 2, 2], [1000, 1000, 1000], 0, 0),
 ]
 
 
