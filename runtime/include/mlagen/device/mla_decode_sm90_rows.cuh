@@ -1,31 +1,35 @@
-// MLA decode, fp8 KV on sm_90a, 64 query rows a block: the rows kernel (issue 18,
-// docs/design-rows-as-m.md). For 64..128 rows a sequence (128 or 64 heads, 16 heads x 4 tokens),
-// where the 16-row warpgroup kernel (mla_decode_sm90_wgmma.cuh) runs its whole per-tile chain
-// once per 16 rows and stays latency-bound (docs/perf.md v10).
+// MLA decode, fp8 KV on sm_90a, 32 or 64 query rows a block: the rows kernel (issue 18,
+// docs/design-rows-as-m.md). For 32..128 rows a sequence (128, 64 or 32 heads, 16 heads x 4 or
+// x 2 tokens), where the 16-row warpgroup kernel (mla_decode_sm90_wgmma.cuh) runs its whole
+// per-tile chain once per 16 rows and stays latency-bound (docs/perf.md v10).
 //
-// Block = three warpgroups, 64 query rows, tiles of 64 tokens (the 16-row kernel's swizzled tile
-// in a cp.async ring), warp-specialized:
+// Block = three warpgroups, R = 64 (or 32) query rows, tiles of 64 tokens (the 16-row kernel's
+// swizzled tile in a cp.async ring), warp-specialized:
 //
-//   group 0 (S)     the tile copies; S^T = K Qhl^T for all 64 rows as one wgmma m64n128k32 e4m3
-//                   chain (A = the KV tile, 64 tokens x 576; B = the rows' q as e4m3 hi and lo
-//                   parts, N = 64 hi + 64 lo; an fp8 q is exact in hi: m64n64k32); the softmax;
-//                   P^T (f16) and the rows' rescale factors into a two-slot ring. One tile ahead.
-//   groups 1, 2 (O) O^T += V^T P^T for dims 256 (c - 1) .. + 255 and all 64 rows, wgmma
-//                   m64n64k16 f16, A = V^T in registers (each thread's 8 dims of two tokens: one
+//   group 0 (S)     the tile copies; S^T = K Qhl^T for all R rows as one wgmma e4m3 chain
+//                   (A = the KV tile, 64 tokens x 576; B = the rows' q as e4m3 hi and lo parts,
+//                   N = 2 R: m64n128k32 / m64n64k32; an fp8 q is exact in hi: N = R); the
+//                   softmax; P^T (f16, by stmatrix) and the rows' rescale factors into a
+//                   two-slot ring. One tile ahead.
+//   groups 1, 2 (O) O^T += V^T P^T for dims 256 (c - 1) .. + 255 and all R rows, wgmma
+//                   m64nRk16 f16, A = V^T in registers (each thread's 8 dims of two tokens: one
 //                   8-byte load a token, prmt + cvt.f16x2.e4m3x2, exact), B = P^T: 4 m64 blocks x
-//                   4 k-steps a tile, 128 accumulators a thread.
+//                   4 k-steps a tile, R * 2 accumulators a thread.
 //
 // Handoff through mbarriers: full[slot] (group 0 wrote tile i's P and factors) and empty[slot]
 // (the O groups are done with tile i, its P slot and its KV slot); tile i uses slot i % 2, phase
 // i / 2. Group 0 waits for O(i - 1) only after tile i's softmax, then refills that KV slot: the
-// O groups hold one ring slot, so an fp8 q (whose Q takes half the shared memory) runs 4 stages,
-// a bf16 q 3. Lazy rescale: a row keeps its base while no score passes it by 2^8, so after the
-// first tile the four warps' maxima rarely meet and the O groups rarely rescale.
+// O groups hold one ring slot, so the stages are as many as fit beside Q (spec.ROWS_BODY).
+// Lazy rescale: a row keeps its base while no score passes it by 2^8; the test compares the
+// scores themselves, so the rows' maxima (shuffles, and the exchange between the 4 warps) are
+// met only on a tile that rescales, and only then do the O groups rescale.
+// Group 0's instructions are each tile's critical path (ncu, docs/perf.md v13): whole tiles copy
+// from one row address a thread, and the softmax avoids reductions it does not need.
 // Registers: setmaxnreg 152 (group 0) / 176 (O groups), no spills.
-// Measured (docs/perf.md v12): 310 us at 128 heads, 64x8192 (bf16 q; 277 with an fp8 q), against
-// 322 for the two-warpgroup lockstep body of v11 (branch exp/rows-2wg) and 471 with 16-row blocks.
-// The generic kernel of this body (registry role 3) serves contiguous problems whose heads x q_len
-// is a multiple of 64.
+// Measured (docs/perf.md v13): 267 us at 128 heads, 64x8192 (bf16 q; 243 with an fp8 q), against
+// 310 in v12 and 471 with 16-row blocks; 106 us at 32 heads (32 rows).
+// The generic kernel of this body (registry role 3, 64 rows) serves contiguous problems whose
+// heads x q_len is a multiple of 64.
 #pragma once
 #include "mlagen/device/mla_decode_sm90_wgmma.cuh"
 
