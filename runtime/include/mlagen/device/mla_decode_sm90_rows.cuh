@@ -65,7 +65,7 @@ struct RowsLayout {
   }
 };
 
-// The rows body's tiling (codegen/spec.py block_m 64): fp8 KV only.
+// The rows body's tiling (codegen/spec.py block_m 32 or 64): fp8 KV only.
 template <int kStages_, QFormat kQ_, int kRows_>
 struct RowsTiling {
   using L = RowsLayout<kStages_, kQ_, kRows_>;
