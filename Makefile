@@ -10,7 +10,7 @@ JOBS ?= $(shell nproc)
 export MLAGEN_LIBRARY ?= $(abspath $(BUILD)/libmlagen.so)
 export PYTHONPATH := $(abspath runtime/python):$(abspath .):$(PYTHONPATH)
 
-.PHONY: setup gpu-check tune all generate check-generated list build test test-installed test-cpu test-gpu bench sanitize clean bundle bundle-local leaderboard-test leaderboard-bench check-amd lib-amd
+.PHONY: setup gpu-check tune all generate check-generated list build test test-installed test-cpu test-gpu bench sanitize clean bundle bundle-local leaderboard-test leaderboard-bench check-amd check-sm90 lib-amd
 
 all: build
 
@@ -112,6 +112,11 @@ leaderboard-bench: gpu-check bundle-local
 
 # AMD: compile-check every generated gfx942/gfx950 kernel and inspect its assembly (MFMA
 # present, no spills); toolchains: Debian clang-19 (gfx942) and clang-21 in a sid chroot.
+# sm_90a, no GPU: every warpgroup / rows-body kernel through ptxas -v; no C75xx (serialized
+# wgmmas), no spills beyond tools/check_sm90.py's KNOWN_SPILLS
+check-sm90:
+	$(PYTHON) tools/check_sm90.py --sources generated --out build/sm90-check --jobs $(JOBS)
+
 check-amd:
 	tools/amd/setup_toolchains.sh
 	$(PYTHON) tools/amd/check_amd.py --sources generated --out build/amd-check
