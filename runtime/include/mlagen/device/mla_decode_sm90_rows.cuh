@@ -25,8 +25,8 @@
 // met only on a tile that rescales, and only then do the O groups rescale.
 // Group 0's instructions are each tile's critical path (ncu, docs/perf.md v13): whole tiles copy
 // from one row address a thread, and the softmax avoids reductions it does not need.
-// Registers: setmaxnreg 152 (group 0) / 176 (O groups); no spills but 4 bytes in the causal
-// 64-row bf16-q kernels (make check-sm90 holds the list).
+// Registers: setmaxnreg 152 (group 0) / 176 (O groups); no spills but 4 bytes in the q_len-4
+// kernel of 256x8192 (make check-sm90 holds the list).
 // Measured (docs/perf.md v13): 267 us at 128 heads, 64x8192 (bf16 q; 243 with an fp8 q), against
 // 310 in v12 and 471 with 16-row blocks; 106 us at 32 heads (32 rows).
 // The generic kernel of this body (registry role 3, 64 rows) serves contiguous problems whose
