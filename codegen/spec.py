@@ -65,14 +65,16 @@ OPTIONAL_TAGS = (("h", "num_heads"), ("ql", "q_len"), ("dk", "qk_dim"), ("dv", "
                  ("bn", "block_n"), ("st", "stages"), ("bm", "block_m"), ("pg", "page_size"))
 NUM_HEADS = (8, 16, 32, 64, 128)  # what the kernels take (shapes.cuh QueryRows: rows in blocks of 16)
 ROWS_A_BLOCK = 16  # query rows a row group (shapes.cuh QueryRows::kRows): the block of every body but the rows one
-# block_m 64: the sm90a rows body (runtime/include/mlagen/device/mla_decode_sm90_rows.cuh), three
-# warpgroups (S, and O by halves) over 64 query rows, fp8 KV in tiles of 64, one block an SM
+# block_m 32 / 64: the sm90a rows body (runtime/include/mlagen/device/mla_decode_sm90_rows.cuh),
+# three warpgroups (S, and O by halves) over 32 or 64 query rows, fp8 KV in tiles of 64, one block an SM
 ROWS_BODY_BLOCK_M = 64  # the generic rows kernel's, and the rows of 64 and more
 ROWS_BODY_BLOCK_MS = (32, 64)  # 32: heads x q_len of 32 (32 heads, or 16 heads x 2 tokens)
 # (arch, kv dtype) -> the rows body's tiles: where it exists, and what its kernels are built with.
-# Stages by (block_m, q dtype): the O groups hold one ring slot while S reads the next, so the
-# body wants as many 36 KB stages as fit in 227 KB beside Q (block_m x 576 bytes, twice for a
-# bf16 q's hi + lo) and two P slots (block_m x 64 f16 each).
+# Stages by (block_m, q dtype), also the validation's limit: the O groups hold one ring slot while
+# S reads the next, so the body wants several 36 KB stages beside Q (block_m x 576 bytes, twice for
+# a bf16 q's hi + lo) and two P slots (block_m x 64 f16 each), under 227 KB. 64 rows: as many as
+# fit. 32 rows: 4 with a bf16 q (5 fit; 5 measured no faster with S issued ahead, docs/perf.md
+# v13 step 2), 5 with an fp8 q.
 ROWS_BODY = {("sm90a", "fp8e4m3fn"): dict(block_n=WARPGROUP_BLOCK_N,
                                           stages={(64, "bf16"): 3, (64, "fp8"): 4, (32, "bf16"): 4, (32, "fp8"): 5})}
 
@@ -84,7 +86,8 @@ def rows_body_tiles(arch: str, q_dtype: str, kv_dtype: str, rows: int | None = N
     tiles = ROWS_BODY.get((arch, kv_dtype))
     if tiles is None:
         return None
-    block_m = ROWS_BODY_BLOCK_M if rows is None else next((m for m in (64, 32) if rows % m == 0), None)
+    block_m = (ROWS_BODY_BLOCK_M if rows is None
+               else next((m for m in sorted(ROWS_BODY_BLOCK_MS, reverse=True) if rows % m == 0), None))
     if block_m is None:
         return None
     return dict(block_n=tiles["block_n"], stages=tiles["stages"][(block_m, q_dtype)], block_m=block_m)
@@ -297,7 +300,7 @@ class KernelSpec:
         if self.warpgroup and self.stages > 5:
             bad("stages", "2..5 with block_n 64 on sm90a fp8 / mxfp4 (the warpgroup kernel: 37 / 21 KB a stage)")
         if self.block_m not in (ROWS_A_BLOCK,) + ROWS_BODY_BLOCK_MS:
-            bad("block_m", f"{ROWS_A_BLOCK}, 32 or 64 (query rows a block)")
+            bad("block_m", f"{ROWS_A_BLOCK} or {' or '.join(map(str, ROWS_BODY_BLOCK_MS))} (query rows a block)")
         if self.rows_body:
             tiles = ROWS_BODY.get((self.arch, self.kv_dtype))
             if not tiles or self.block_n != tiles["block_n"]:
