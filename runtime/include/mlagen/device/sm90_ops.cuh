@@ -402,7 +402,6 @@ MLAGEN_DEVICE uint16_t pack_e4m3x2(float x, float y) {
   return v;
 }
 MLAGEN_DEVICE void sts8(uint32_t addr, uint32_t v) { asm volatile("st.shared.u8 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory"); }
-MLAGEN_DEVICE void sts16(uint32_t addr, uint32_t v) { asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"(static_cast<uint16_t>(v)) : "memory"); }
 // Four 8 x 8 b16 matrices from the mma fragment layout (thread 4 g + t: row g, columns 2 t, 2 t + 1),
 // each stored transposed: lane 8 i + q gives the address of stored row q of matrix i, whose 8
 // elements are the fragment's column q.
