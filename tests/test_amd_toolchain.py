@@ -3,7 +3,6 @@ where tools/amd/setup_toolchains.sh has set the toolchains up, the self-test ker
 device-only for gfx942 (clang-19) and gfx950 (clang-21 in the sid chroot), a failing kernel
 that must fail, and the gfx950 shared-library link. A missing toolchain is a skip whose reason
 is the one setup_toolchains.sh recorded in status.json; a kernel that does not compile fails."""
-import importlib.util
 import json
 import os
 import subprocess
@@ -11,20 +10,12 @@ import sys
 
 import pytest
 
+from tool_module import load_tool
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 AMD = os.path.join(ROOT, "tools", "amd")
 CHECK = os.path.join(AMD, "check_amd.py")
-
-
-def _load_check_amd():
-    spec = importlib.util.spec_from_file_location("mlagen_check_amd", CHECK)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-ca = _load_check_amd()
+ca = load_tool("amd/check_amd.py", "mlagen_check_amd")
 CHROOT = ca.default_chroot()
 STATUS = ca.read_status(CHROOT)
 

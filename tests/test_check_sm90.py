@@ -2,25 +2,14 @@
 report (the C75xx messages that say ptxas serialized a kernel's wgmmas, and spills), and, where
 nvcc is installed, two rows-body kernels compiled as CMake compiles them: they must come out
 with no C75xx message and no spill. A missing nvcc is a skip with that reason."""
-import importlib.util
 import os
-import sys
 
 import pytest
 
+from tool_module import load_tool
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CHECK = os.path.join(ROOT, "tools", "check_sm90.py")
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("mlagen_check_sm90", CHECK)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-cs = _load()
+cs = load_tool("check_sm90.py", "mlagen_check_sm90")
 
 # what ptxas -v printed for the build whose S chain ran ahead of the softmax (branch exp/rows-s-ahead;
 # names shortened, spill line from a later variant): the C75xx messages come first, naming their function

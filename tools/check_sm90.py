@@ -107,7 +107,7 @@ def judge(source: str, funcs: list[dict]) -> list[str]:
 
 
 def nvcc_path() -> str | None:
-    return shutil.which("nvcc") or next((p for p in ("/usr/local/cuda/bin/nvcc",) if os.path.exists(p)), None)
+    return shutil.which("nvcc") or shutil.which("nvcc", path="/usr/local/cuda/bin")
 
 
 def compile_one(nvcc: str, path: str, include: list[str]) -> tuple[int, str]:
