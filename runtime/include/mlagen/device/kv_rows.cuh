@@ -122,42 +122,6 @@ struct TileIds {
   }
 };
 
-// The page ids a thread needs for its own kRows rows of a tile (the warpgroup bodies): with
-// pages shorter than a tile the id of each of its rows (row_of(k), k < kRows), else the one id
-// of the tile's first row (slot 0). Loaded one tile ahead of the copies, like TileIds, but
-// every thread loads its own (a warp's lanes share a few addresses: one line), so issuing a
-// tile takes no shuffle and no select.
-template <int kRows>
-struct ThreadRowIds {
-  int32_t id[kRows];
-  template <class Rows, class RowOf>
-  MLAGEN_DEVICE void load(const Rows& rows, bool per_row, int tok0, int tok_end, RowOf&& row_of) {
-    if (per_row) {
-#pragma unroll
-      for (int k = 0; k < kRows; ++k) {
-        const int t = tok0 + row_of(k);
-        id[k] = t < tok_end ? rows.pages[t >> rows.shift] : 0;
-      }
-    } else {
-      id[0] = tok0 < tok_end ? rows.pages[tok0 >> rows.shift] : 0;
-    }
-  }
-  // Physical row of tile row r, the thread's slot k (slot 0 with r = 0 for the tile's first row).
-  template <class Rows>
-  MLAGEN_DEVICE int64_t row(const Rows& rows, int tok0, int r, int k, bool& bad) const {
-    return row_in(rows, tok0, r, id[k], bad);
-  }
-  // ... of tile row r in page pg (k known only at run time: pick the id, not the slot, so that
-  // the ids stay in registers)
-  template <class Rows>
-  MLAGEN_DEVICE static int64_t row_in(const Rows& rows, int tok0, int r, int32_t pg, bool& bad) {
-    const bool ok = static_cast<uint32_t>(pg) < rows.num_pages;
-    bad |= !ok;
-    const int t = tok0 + r;
-    return (static_cast<int64_t>(ok ? pg : 0) << rows.shift) + (t & ((1 << rows.shift) - 1));
-  }
-};
-
 // The mma.sync bodies' tile issue: copies(row_ptr) with row_ptr(r) the address of the tile's
 // row r: one base a tile when the tile is one run of rows (then the next tile's page id is
 // prefetched into L1), else the page ids loaded a tile ago (`next_ids`, refilled here for the

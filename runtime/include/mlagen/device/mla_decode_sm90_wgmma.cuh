@@ -202,13 +202,11 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   // one 64-bit base a tile, a 32-bit row step, immediates for the rest, no predicates (the
   // general path spent ~200 instructions a warp and tile on addresses, docs/perf.md v4).
   const int64_t stride = p.kv_stride_bytes;
-  // paged fp8: the page ids of the thread's rows of the next tile, a tile ahead (no page-id
-  // round trip on the copy-issue path)
+  // paged fp8: the next tile's page ids, one row a lane, a tile ahead (no page-id round trip on
+  // the copy-issue path)
   const bool paged_ids = !kMx && rows.paged();
-  const bool per_row = !rows.template tile_contiguous<BN>();  // pages shorter than a tile
-  auto row_of = [&](int k) { return k < kMainK ? 16 * k + row_main : 32 * (k - kMainK) + row_rope; };
-  ThreadRowIds<kMainK + kRopeK> next_ids;
-  if (paged_ids) next_ids.load(rows, per_row, tok_begin, tok_end, row_of);
+  TileIds<BN> next_ids;
+  if (paged_ids) next_ids.load(rows, tok_begin, tok_end, lane);
   const uint32_t src_main = static_cast<uint32_t>(row_main * stride) + c8 * 16;  // < 2^31: rows < 64
   const uint32_t src_rope = static_cast<uint32_t>(row_rope * stride) + 512 + c4 * 16;
   const uint32_t step16 = static_cast<uint32_t>(16 * stride);
@@ -223,14 +221,6 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
     for (int i = 0; i < kRopeK; ++i)
       cp_async_16(dst + dst_rope + i * 2048, src[kMainK + i] ? src[kMainK + i] + 512 + c4 * 16 : p.kv,
                   src[kMainK + i] != nullptr);
-  };
-  // The same for a whole tile (every row there): no predicates, no selects.
-  auto copy_rows_full = [&](uint32_t dst, const uint8_t* const (&src)[kMainK + kRopeK]) {
-#pragma unroll
-    for (int i = 0; i < 4 * kMainK; ++i)
-      cp_async_16_full(dst + dst_main + (i % 4) * L::kAtom128Bytes + (i / 4) * 2048, src[i / 4] + (i % 4) * 128 + c8 * 16);
-#pragma unroll
-    for (int i = 0; i < kRopeK; ++i) cp_async_16_full(dst + dst_rope + i * 2048, src[kMainK + i] + 512 + c4 * 16);
   };
   auto issue_tile = [&](int j) {
     if (kMx && j < ntiles) {  // packed rows (9 copies a thread) + the tile's scale window
@@ -263,26 +253,23 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
       const int tok0 = tok_begin + j * BN;
       const int rows_left = tok_end - tok0;
       const uint32_t dst = s_base + (j % ST) * L::kStageBytes;
-      ThreadRowIds<kMainK + kRopeK> ids;
+      TileIds<BN> ids;
       if (paged_ids) {
         ids = next_ids;
-        if (j + 1 < ntiles) next_ids.load(rows, per_row, tok0 + BN, tok_end, row_of);
+        if (j + 1 < ntiles) next_ids.load(rows, tok0 + BN, tok_end, lane);
       }
-      if (paged_ids && per_row) {
-        // pages shorter than a tile: the thread's row addresses from its ids (all addresses
-        // first: the copies' asm clobbers memory)
+      if (paged_ids && !(rows_left >= BN && rows.template tile_contiguous<BN>())) {
+        // pages shorter than a tile (or a short last tile): the thread's row addresses from the ids
         const uint8_t* src[kMainK + kRopeK];
 #pragma unroll
         for (int k = 0; k < kMainK + kRopeK; ++k) {
-          const uint8_t* r = p.kv + ids.row(rows, tok0, row_of(k), k, page_bad) * stride;
-          src[k] = rows_left >= BN || row_of(k) < rows_left ? r : nullptr;
+          const int row = k < kMainK ? 16 * k + row_main : 32 * (k - kMainK) + row_rope;
+          const int64_t r = ids.row(rows, tok0, row, page_bad);  // (every lane: a shuffle)
+          src[k] = row < rows_left ? p.kv + r * stride : nullptr;
         }
-        if (rows_left >= BN)
-          copy_rows_full(dst, src);
-        else
-          copy_rows(dst, src);
+        copy_rows(dst, src);
       } else if (rows_left >= BN) {  // one run of rows: one base a tile
-        const uint8_t* base = paged_ids ? p.kv + ids.row(rows, tok0, 0, 0, page_bad) * stride : rows.ptr(tok0, page_bad);
+        const uint8_t* base = paged_ids ? p.kv + ids.row(rows, tok0, 0, page_bad) * stride : rows.ptr(tok0, page_bad);
 #pragma unroll
         for (int k = 0; k < kMainK; ++k) {  // rows 16 k + row_main
           const uint8_t* src = base + (src_main + k * step16);
@@ -291,13 +278,15 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
         }
 #pragma unroll
         for (int i = 0; i < kRopeK; ++i) cp_async_16_full(dst + dst_rope + i * 2048, base + (src_rope + 2 * i * step16));
-      } else {  // a split's short last tile (in one page when paged): a row address each
+      } else {  // a split's last, short tile: a row address each
+        // The thread's rows first (rows 16 k + row_main, 32 i + row_rope), then the copies: any
+        // page-id loads go out together instead of one after another between the copies' asm
+        // statements (which clobber memory).
         const uint8_t* src[kMainK + kRopeK];
 #pragma unroll
         for (int k = 0; k < kMainK + kRopeK; ++k) {
-          const int row = row_of(k);
-          const uint8_t* r = paged_ids ? p.kv + ids.row(rows, tok0, row, 0, page_bad) * stride : rows.ptr(tok0 + row, page_bad);
-          src[k] = row < rows_left ? r : nullptr;
+          const int row = k < kMainK ? 16 * k + row_main : 32 * (k - kMainK) + row_rope;
+          src[k] = row < rows_left ? rows.ptr(tok0 + row, page_bad) : nullptr;
         }
         copy_rows(dst, src);
       }

@@ -86,46 +86,35 @@ MLAGEN_DEVICE void decode_wgmma_bf16(const Params& p, uint8_t* smem) {
   const int64_t stride = p.kv_stride_bytes;
   const uint32_t src_row = static_cast<uint32_t>(row_main * stride) + c8 * 16;  // rows < 64
   const uint32_t step16 = static_cast<uint32_t>(16 * stride);
-  const bool paged = rows.paged();
-  const bool per_row = !rows.template tile_contiguous<BN>();  // pages shorter than a tile
-  auto row_of = [&](int k) { return 16 * k + row_main; };
-  ThreadRowIds<kRowBlocks> next_ids;  // paged: the next tile's page ids, a tile ahead
-  if (paged) next_ids.load(rows, per_row, tok_begin, tok_end, row_of);
+  const bool paged_ids = rows.paged();
+  TileIds<BN> next_ids;  // paged: the next tile's page ids, one row a lane, a tile ahead
+  if (paged_ids) next_ids.load(rows, tok_begin, tok_end, lane);
   auto issue_tile = [&](int j) {
     if (j < ntiles) {
       const int tok0 = tok_begin + j * BN, rows_left = tok_end - tok0;
       const uint32_t dst = s_base + (j % ST) * L::kStageBytes + dst_row;
-      ThreadRowIds<kRowBlocks> ids;
-      if (paged) {
+      TileIds<BN> ids;
+      if (paged_ids) {
         ids = next_ids;
-        if (j + 1 < ntiles) next_ids.load(rows, per_row, tok0 + BN, tok_end, row_of);
+        if (j + 1 < ntiles) next_ids.load(rows, tok0 + BN, tok_end, lane);
       }
-      // the thread's row k: its address (paged: from its id, or the tile's one page's; contiguous:
-      // arithmetic only)
-      auto row_ptr = [&](int k) {
-        return paged ? p.kv + ids.row_in(rows, tok0, row_of(k), per_row ? ids.id[k] : ids.id[0], page_bad) * stride
-                     : rows.ptr(tok0 + row_of(k), page_bad);
-      };
-      if (rows_left >= BN && !per_row) {  // one run of rows: one base a tile
-        const uint8_t* base = paged ? p.kv + ids.row(rows, tok0, 0, 0, page_bad) * stride : rows.ptr(tok0, page_bad);
+      if (rows_left >= BN && rows.template tile_contiguous<BN>()) {  // one run of rows: one base a tile
+        const uint8_t* base = paged_ids ? p.kv + ids.row(rows, tok0, 0, page_bad) * stride : rows.ptr(tok0, page_bad);
 #pragma unroll
         for (int k = 0; k < kRowBlocks; ++k) {
           const uint8_t* src = base + (src_row + k * step16);
 #pragma unroll
           for (int a = 0; a < L::kAtoms; ++a) cp_async_16_full(dst + a * L::kAtomBytes + k * 2048, src + a * 128);
         }
-      } else if (rows_left >= BN) {  // pages shorter than a tile: a row address each, every row there
+      } else {  // pages shorter than a tile, or a split's short last tile: a row address each
         const uint8_t* src[kRowBlocks];  // (all addresses first: the copies' asm clobbers memory)
 #pragma unroll
-        for (int k = 0; k < kRowBlocks; ++k) src[k] = row_ptr(k) + c8 * 16;
-#pragma unroll
-        for (int k = 0; k < kRowBlocks; ++k)
-#pragma unroll
-          for (int a = 0; a < L::kAtoms; ++a) cp_async_16_full(dst + a * L::kAtomBytes + k * 2048, src[k] + a * 128);
-      } else {  // a split's short last tile: a row address each, zeros past the end
-        const uint8_t* src[kRowBlocks];
-#pragma unroll
-        for (int k = 0; k < kRowBlocks; ++k) src[k] = row_of(k) < rows_left ? row_ptr(k) + c8 * 16 : nullptr;
+        for (int k = 0; k < kRowBlocks; ++k) {
+          const int row = 16 * k + row_main;
+          const uint8_t* r = paged_ids ? p.kv + ids.row(rows, tok0, row, page_bad) * stride  // (every lane: a shuffle)
+                                       : rows.ptr(tok0 + row, page_bad);  // (contiguous: arithmetic only)
+          src[k] = row < rows_left ? r + c8 * 16 : nullptr;
+        }
 #pragma unroll
         for (int k = 0; k < kRowBlocks; ++k)
 #pragma unroll
