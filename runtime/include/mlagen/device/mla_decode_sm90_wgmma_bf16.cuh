@@ -11,7 +11,8 @@
 // Block = one warpgroup, tiles of 64 tokens (72 KB: a 2-stage ring, ~165 KB of shared memory,
 // one block an SM; the split heuristic aims at one block an SM: codegen/spec.py target_blocks).
 // The decode is bound by the KV stream at 16 rows: the tensor cores run 68 small wgmmas a
-// tile, the copies of the next tile go out while they run.
+// tile, and a slot is refilled the moment its tile's O wgmmas finish, so both tiles of the
+// ring are in flight while the block waits.
 #pragma once
 #include "mlagen/device/formats.cuh"
 
@@ -124,8 +125,10 @@ MLAGEN_DEVICE void decode_wgmma_bf16(const Params& p, uint8_t* smem) {
     }
     cp_async_commit();
   };
+  // A slot is refilled as soon as the O wgmmas of its tile are done (the end of the loop body):
+  // ST tiles fly while the block waits for one.
 #pragma unroll
-  for (int j = 0; j < ST - 1; ++j) issue_tile(j);
+  for (int j = 0; j < ST; ++j) issue_tile(j);
 
   // ---- Q as bf16, once: thread -> row h = tid / 8, dims 64 c + 8 part .. + 7 (c = 0..8) ------
   const QQuant qq = [&] {
@@ -171,9 +174,9 @@ MLAGEN_DEVICE void decode_wgmma_bf16(const Params& p, uint8_t* smem) {
   const uint32_t p_store = s_p + ((lane / 8) / 2) * L::kPSbo + (2 * w + (lane / 8) % 2) * L::kPLbo + (lane % 8) * 16;
 
   for (int it = 0; it < ntiles; ++it) {
-    cp_async_wait<ST - 2>();  // tile `it` landed (later ones may still fly)
+    cp_async_wait<ST - 1>();  // tile `it` landed (later ones may still fly)
     fence_proxy_async_smem();
-    __syncthreads();  // ... for every thread; P, the maxima and tile it-1's slot are free
+    __syncthreads();  // ... for every thread; P and the maxima are free
     const uint32_t tile = s_base + (it % ST) * L::kStageBytes;
 
     // ---- S^T: 36 k-steps of 16 dims (4 into each atom) ---------------------------------------
@@ -188,7 +191,6 @@ MLAGEN_DEVICE void decode_wgmma_bf16(const Params& p, uint8_t* smem) {
       wgmma_m64n16k16_bf16_ss(s, wgmma_desc_advance(k_desc, (ks / 4) * L::kAtomBytes + (ks % 4) * 32),
                               wgmma_desc_advance(q_desc, 2 * ks * L::kQLbo), ks > 0);
     wgmma_commit();
-    issue_tile(it + ST - 1);  // into slot (it - 1) % ST, free since the barrier
     wgmma_wait<0>();
     wgmma_fence_regs(s);
 
@@ -252,6 +254,8 @@ MLAGEN_DEVICE void decode_wgmma_bf16(const Params& p, uint8_t* smem) {
     wgmma_wait<0>();
 #pragma unroll
     for (int mb = 0; mb < L::kVAtoms; ++mb) wgmma_fence_regs(o[mb]);
+    __syncthreads();  // every warp's wgmmas are done with slot it % ST: refill it
+    issue_tile(it + ST);
   }
   cp_async_wait<0>();
   const bool bad = rows.block_any_bad(p, page_bad) || seq.bad;
