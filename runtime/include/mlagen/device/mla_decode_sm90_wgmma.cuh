@@ -293,12 +293,8 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
     }
     cp_async_commit();
   };
-  // fp8: a slot is refilled as soon as the O wgmmas of its tile are done (the end of the loop
-  // body), so ST tiles fly while a block waits for one; mxfp4 refills its packed slot at the
-  // top of the loop (ST - 1 ahead), where the expansion has read it
-  constexpr int kAhead = kMx ? ST - 1 : ST;
 #pragma unroll
-  for (int j = 0; j < kAhead; ++j) issue_tile(j);
+  for (int j = 0; j < ST - 1; ++j) issue_tile(j);
   mark(1);
 
   // ---- Q hi / lo, once: thread -> query row h = tid / 8, 16-byte chunks 8 j + tid % 8 (j = 0..8) of
@@ -434,7 +430,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   };
 
   for (int it = 0; it < ntiles; ++it) {
-    cp_async_wait<kAhead - 1>();  // tile `it` landed (later ones may still fly)
+    cp_async_wait<ST - 2>();  // tile `it` landed (later ones may still fly)
     fence_proxy_async_smem();
     __syncthreads();  // ... for every thread; P, the maxima and tile it-1's slot are free
     if (it == 0) mark(3);
@@ -466,6 +462,9 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
                                       : wgmma_desc_advance(rope_desc, (ks - 16) * 32),
                               wgmma_desc_advance(q_desc, 2 * ks * L::kQLbo), ks > 0);
     wgmma_commit();
+    // the next tile's copies go out while the tensor cores run S (slot (it - 1) % ST, which
+    // every thread is done with since the barrier above; S reads slot it % ST)
+    if constexpr (!kMx) issue_tile(it + ST - 1);
     wgmma_wait<0>();
     wgmma_fence_regs(s);
     if (it == 0) mark(4);
@@ -546,10 +545,6 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
     wgmma_wait<0>();
 #pragma unroll
     for (int mb = 0; mb < 8; ++mb) wgmma_fence_regs(o[mb]);
-    if constexpr (!kMx) {
-      __syncthreads();  // every warp's wgmmas are done with slot it % ST: refill it
-      issue_tile(it + ST);
-    }
     if (it == 0) mark(5);
   }
   cp_async_wait<0>();
