@@ -53,7 +53,7 @@ ROWS_SPECIALIZED = {"sm90a": {(128, 1): ((("bf16", "fp8e4m3fn"), ("fp8", "fp8e4m
 # Tile choices built as generic kernels besides the default, so `make tune` can measure
 # them on any shape without regenerating: (block_n, stages) per (arch, kv dtype).
 TUNING_TILES = {("sm90a", "fp8e4m3fn"): ((32, 3), (32, 4), (32, 6), (64, 3)),
-                ("sm90a", "bf16"): ((32, 3), (64, 2)),
+                ("sm90a", "bf16"): ((32, 2), (32, 3)),
                 ("sm90a", "mxfp4"): ((32, 4), (64, 3))}
 
 

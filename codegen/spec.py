@@ -26,16 +26,15 @@ ARCHS = {
 # Tiles an arch's kernels use when neither the tuning table nor the caller says otherwise.
 ARCH_TILES = {"sm90a": dict(block_n=32, stages=4), "gfx950": dict(block_n=32, stages=2),
               "gfx942": dict(block_n=32, stages=2)}
-# Per KV format where it differs: bf16 tiles are twice the bytes, so sm90a keeps 2 stages
-# (83 KB of shared memory, two blocks an SM) instead of 4.
-# fp8 and mxfp4 on sm90a: tiles of 64 tokens are the warpgroup (wgmma) kernel
-# (runtime/include/mlagen/device/mla_decode_sm90_wgmma.cuh), 32 the mma.sync one (mxfp4:
-# the wide path, dequantizing to bf16).
-FORMAT_TILES = {("sm90a", "bf16"): dict(block_n=32, stages=2),
+# Per KV format where it differs. On sm90a tiles of 64 tokens are a warpgroup (wgmma) kernel:
+# fp8 and mxfp4 runtime/include/mlagen/device/mla_decode_sm90_wgmma.cuh, bf16
+# mla_decode_sm90_wgmma_bf16.cuh (72 KB a tile: 2 stages, one block an SM); tiles of 32 the
+# mma.sync ones (bf16 and mxfp4: the wide path, mxfp4 dequantized to bf16).
+FORMAT_TILES = {("sm90a", "bf16"): dict(block_n=64, stages=2),
                 ("sm90a", "fp8e4m3fn"): dict(block_n=64, stages=2),
                 ("sm90a", "mxfp4"): dict(block_n=64, stages=2)}
 WARPGROUP_BLOCK_N = 64  # block_n of the sm90a warpgroup kernel
-WARPGROUP_KV = ("fp8e4m3fn", "mxfp4")
+WARPGROUP_KV = ("fp8e4m3fn", "mxfp4", "bf16")
 
 
 def default_tiles(arch: str, kv_dtype: str) -> dict:
@@ -158,7 +157,7 @@ class KernelSpec:
 
     @property
     def warpgroup(self) -> bool:
-        """The sm90a warpgroup (wgmma) kernel (one warpgroup a block; fp8 or mxfp4 KV)."""
+        """An sm90a warpgroup (wgmma) kernel (one warpgroup a block; fp8, mxfp4 or bf16 KV)."""
         return self.arch == "sm90a" and self.kv_dtype in WARPGROUP_KV and self.block_n == WARPGROUP_BLOCK_N
 
     @property
@@ -180,7 +179,9 @@ class KernelSpec:
         if self.vendor == "nvidia":
             if self.rows_body:
                 return "sm90_rows"
-            return "sm90_wgmma" if self.warpgroup else ("mma_wide" if self.kv_dtype in ("bf16", "mxfp4") else "mma_fp8")
+            if self.warpgroup:
+                return "sm90_wgmma_bf16" if self.kv_dtype == "bf16" else "sm90_wgmma"
+            return "mma_wide" if self.kv_dtype in ("bf16", "mxfp4") else "mma_fp8"
         if self.native_fp8:
             return "gfx950_fp8"
         return "gfx9_wide" if self.kv_dtype in ("bf16", "mxfp4") else "gfx9_fp8"
@@ -200,13 +201,14 @@ class KernelSpec:
     @property
     def target_blocks(self) -> int:
         """Resident blocks the split heuristic aims for: SMs x blocks an SM of this tiling
-        (the warpgroup kernel fits two an SM with 2 stages, 95 KB fp8 / 103 KB mxfp4; one
-        with more)."""
+        (the fp8 / mxfp4 warpgroup kernel fits two an SM with 2 stages, 95 / 103 KB; one with
+        more; the bf16 one, 165 KB with its 2 stages, one)."""
         if self.native_fp8:
             return NATIVE_FP8_TARGET_BLOCKS
         if self.rows_body:
             return ROWS_BODY_TARGET_BLOCKS
-        return TARGET_BLOCKS[self.arch] // 2 if self.warpgroup and self.stages > 2 else TARGET_BLOCKS[self.arch]
+        one_a_sm = self.warpgroup and (self.stages > 2 or self.kv_dtype == "bf16")
+        return TARGET_BLOCKS[self.arch] // 2 if one_a_sm else TARGET_BLOCKS[self.arch]
 
     @property
     def role(self) -> int:
@@ -297,8 +299,9 @@ class KernelSpec:
             bad("page_size", "0 for the generic kernel (it reads the page size at run time)")
         if self.block_n not in (32, 64):
             bad("block_n", "32 or 64")
-        if self.warpgroup and self.stages > 5:
-            bad("stages", "2..5 with block_n 64 on sm90a fp8 / mxfp4 (the warpgroup kernel: 37 / 21 KB a stage)")
+        if self.warpgroup and self.stages > (2 if self.kv_dtype == "bf16" else 5):
+            bad("stages", "2 with block_n 64 on sm90a bf16, 2..5 with fp8 / mxfp4 (the warpgroup kernels: 72 KB a "
+                          "bf16 stage, 37 / 21 KB fp8 / mxfp4)")
         if self.block_m not in (ROWS_A_BLOCK,) + ROWS_BODY_BLOCK_MS:
             bad("block_m", f"{ROWS_A_BLOCK} or {' or '.join(map(str, ROWS_BODY_BLOCK_MS))} (query rows a block)")
         if self.rows_body:

@@ -41,7 +41,9 @@ TOLERANCES = {
     # The small-integer case: every product, sum and the softmax weights (0 or 1) are
     # exact in f16/fp32 and the means are exact in bf16, so the output must match exactly.
     ("fp8e4m3fn", "exact"): dict(rel_l2=0.0),
-    # bf16 and mxfp4 KV run the wide path: q bf16 (exact), KV bf16 as stored or mxfp4
+    # bf16 and mxfp4 KV run the wide path (bf16 KV on sm90a: the bf16 warpgroup kernel,
+    # mla_decode_sm90_wgmma_bf16.cuh, with the same rounding: bf16 operands, fp32
+    # accumulators): q bf16 (exact), KV bf16 as stored or mxfp4
     # dequantized to bf16 (exact: an E2M1 value times a power of two), fp32 accumulation,
     # but P rounded to bf16 (2^-9 relative, ~1.1e-3 rel-L2 on the output: the rounding
     # errors of independent tokens add like noise) plus the bf16 output rounding (~1.1e-3):

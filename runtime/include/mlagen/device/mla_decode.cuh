@@ -23,6 +23,7 @@
 #pragma once
 #include "mlagen/device/formats.cuh"
 #include "mlagen/device/mla_decode_sm90_wgmma.cuh"
+#include "mlagen/device/mla_decode_sm90_wgmma_bf16.cuh"
 #include "mlagen/device/mla_decode_sm90_rows.cuh"
 
 #if defined(MLAGEN_NVIDIA)
@@ -35,11 +36,12 @@ struct Tiling : TileGeometry<kBlockN_, kStages_, /*warps=*/4> {
   static constexpr QFormat kQ = kQ_;
   template <QFormat Q>
   using WithQ = Tiling<kBlockN_, kStages_, kKv_, Q>;  // the same kernel for another q route
-  // fp8 or mxfp4 KV in tiles of 64 tokens: the warpgroup (wgmma) kernel,
-  // mla_decode_sm90_wgmma.cuh (codegen/spec.py WARPGROUP_BLOCK_N says the same to the generator)
-  static constexpr bool kWarpgroup =
-      (kKv == KvFormat::kFp8 || kKv == KvFormat::kMxfp4) && kBlockN_ == WgLayout<kStages_>::kBlockN;
-  using Wg = WgLayout<kStages_, kKv_>;
+  // KV in tiles of 64 tokens: a warpgroup (wgmma) kernel, mla_decode_sm90_wgmma.cuh for fp8 or
+  // mxfp4, mla_decode_sm90_wgmma_bf16.cuh for bf16 (codegen/spec.py WARPGROUP_BLOCK_N /
+  // WARPGROUP_KV say the same to the generator)
+  static constexpr bool kWarpgroup = kBlockN_ == WgLayout<kStages_>::kBlockN;
+  static constexpr bool kWarpgroupBf16 = kWarpgroup && kKv == KvFormat::kBf16;
+  using Wg = std::conditional_t<kWarpgroupBf16, WgBf16Layout<kStages_>, WgLayout<kStages_, kKv_>>;
   static constexpr bool kWide = KvTraits<kKv>::kWide && !kWarpgroup;  // bf16, or mxfp4 in tiles of 32
   // What the combine multiplies a partial O by, besides the KV scale and 1 / l.
   static constexpr float kVUnit = kWide || kWarpgroup ? 1.f : kVDecodeScale;
@@ -529,6 +531,8 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm) mla_decode_ke
     decode_rows<T, Shape>(p, smem);
   else if constexpr (T::kWide)
     decode_wide<T, Shape>(p, smem);
+  else if constexpr (T::kWarpgroupBf16)
+    decode_wgmma_bf16<T, Shape>(p, smem);
   else if constexpr (T::kWarpgroup)
     decode_wgmma<T, Shape>(p, smem);
   else

@@ -337,6 +337,38 @@ MLAGEN_DEVICE void wgmma_m64n32k16_f16_rs(float (&d)[16], const uint32_t (&a)[4]
 #endif
 }
 
+#define MLAGEN_WGMMA_D8 "{%0,%1,%2,%3,%4,%5,%6,%7}"
+#define MLAGEN_WGMMA_D8_OUT(d) \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+
+// D(64x16, f32) (+)= A(64x16, bf16, shared, K-major) * B(16x16, bf16, shared, K-major)^T;
+// accumulate = 0 overwrites D.
+MLAGEN_DEVICE void wgmma_m64n16k16_bf16_ss(float (&d)[8], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+#if defined(MLAGEN_WGMMA_UNAVAILABLE)
+  __trap();
+#else
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 " MLAGEN_WGMMA_D8 ", %8, %9, p, 1, 1, 0, 0;\n}\n"
+      : MLAGEN_WGMMA_D8_OUT(d)
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+#endif
+}
+// D(64x16, f32) += A(64x16, bf16, shared, M-major: A^T is what the descriptor describes, a
+// matrix of 16 rows along K, each 64 M-contiguous values) * B(16x16, bf16, shared, K-major)^T.
+// M-major layouts (128B swizzle): 8-row atoms of 1024 bytes along K (SBO between them), 64
+// values of M in a 128-byte row, LBO between 64-value groups of M.
+MLAGEN_DEVICE void wgmma_m64n16k16_bf16_ss_mn(float (&d)[8], uint64_t desc_a, uint64_t desc_b) {
+#if defined(MLAGEN_WGMMA_UNAVAILABLE)
+  __trap();
+#else
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 " MLAGEN_WGMMA_D8 ", %8, %9, 1, 1, 1, 1, 0;\n"
+      : MLAGEN_WGMMA_D8_OUT(d)
+      : "l"(desc_a), "l"(desc_b));
+#endif
+}
+
 // D(64x128, f32) (+)= A(64x32, e4m3, shared, K-major) * B(128x32, e4m3, shared, K-major)^T.
 MLAGEN_DEVICE void wgmma_m64n128k32_e4m3_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
 #if defined(MLAGEN_WGMMA_UNAVAILABLE)
