@@ -168,8 +168,10 @@ def build_tile_read():
             base = cache_ptr + cache_row * (NOPE + ROPE)
             acc_n += tl.load(base[:, None] + cn[None, :], cache_modifier=CACHE)
             acc_r += tl.load(base[:, None] + NOPE + cr[None, :], cache_modifier=CACHE)
-        total = tl.sum(tl.sum(acc_n, axis=1), axis=0) + tl.sum(tl.sum(acc_r, axis=1), axis=0)
-        tl.store(part_ptr + pid, total)
+        # the partial (mod 2^32) summed in int64, stored as int32 (Triton's interpreter before 3.9
+        # rejects an int32 sum past int32's range instead of wrapping it)
+        total = tl.sum(tl.sum(acc_n.to(tl.int64), axis=1), axis=0) + tl.sum(tl.sum(acc_r.to(tl.int64), axis=1), axis=0)
+        tl.store(part_ptr + pid, total.to(tl.int32))
 
     return tile_read
 
