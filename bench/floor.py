@@ -60,10 +60,16 @@ STREAM_CONFIGS = [(1024, 4, 4), (2048, 2, 4), (2048, 4, 8), (4096, 2, 8), (4096,
 KV_BYTES_PER_TOKEN = {"fp8": C.QK_DIM, "mxfp4": C.QK_DIM // 2 + C.QK_DIM // 32}
 
 
-def median_latency(timer, fn, reps: int, warmup: int = 5) -> float:
+def latency(timer, fn, reps: int, warmup: int = 5) -> tuple[float, float]:
+    """(median, mean) microseconds of reps timed calls, after warmup calls."""
     for _ in range(warmup):
         timer.once(fn)
-    return statistics.median(timer.once(fn) for _ in range(reps))
+    t = [timer.once(fn) for _ in range(reps)]
+    return statistics.median(t), statistics.fmean(t)
+
+
+def median_latency(timer, fn, reps: int, warmup: int = 5) -> float:
+    return latency(timer, fn, reps, warmup)[0]
 
 
 def build_read_kernels():
@@ -115,6 +121,26 @@ def graph_of(torch, fn):
     return g.replay
 
 
+def stream_read_replay(torch, stream_read, readers, x, expect: int, cfg, policy: str, what: str):
+    """stream_read over the int32 tensor x with cfg = (BLOCK, ITERS, warps) and a reader policy
+    (build_read_kernels), captured in a graph; the replay's partials are checked once against
+    expect, torch's sum of x mod 2^32 (a poisoned buffer first). Returns the replay."""
+    blk, iters, warps = cfg
+    n = x.numel()
+    progs = math.ceil(n / (blk * iters))
+    part = torch.empty(progs, dtype=torch.int32, device=x.device)
+
+    def launch():
+        stream_read[(progs,)](x, part, n, BLOCK=blk, ITERS=iters, num_warps=warps, **readers[policy])
+    replay = graph_of(torch, launch)
+    part.fill_(0x5a5a5a5a)  # poison: the sum below must come from this launch
+    replay()
+    got = int(part.sum(dtype=torch.int64).item()) & MASK32
+    if got != expect:
+        raise SystemExit(f"stream_read {blk}x{iters} on {what}: sum {got:#x} != {expect:#x}")
+    return replay
+
+
 # --------------------------------------------------------------------------------------
 # --paged: the gather read floor (the cache read through a page table, pages in random order)
 # --------------------------------------------------------------------------------------
@@ -125,14 +151,6 @@ PAGED_ROW_INTS = {"fp8": (128, 16), "bf16": (256, 32)}
 PAGED_CONFIGS = [(64, 1, 4), (64, 1, 8), (64, 2, 8), (64, 4, 8), (128, 1, 8), (32, 2, 4)]
 PAGED_CACHE = ("", ".cg")
 MASK32 = 0xffffffff
-
-
-def latency(timer, fn, reps: int, warmup: int = 5) -> tuple[float, float]:
-    """(median, mean) microseconds of reps timed calls, after warmup calls."""
-    for _ in range(warmup):
-        timer.once(fn)
-    t = [timer.once(fn) for _ in range(reps)]
-    return statistics.median(t), statistics.fmean(t)
 
 
 def build_tile_read():
@@ -286,23 +304,13 @@ def time_tile_read(torch, timer, kernel, cache, table, page: int, batch: int, kv
 def time_stream_read(torch, timer, stream_read, readers, cache, reps: int) -> dict:
     """The per-shape floor's stream_read (default cache operator) over the same bytes, for reference."""
     x = cache.view(-1).view(torch.int32)
-    n = x.numel()
     expect = int(x.sum(dtype=torch.int64).item()) & MASK32
     best = None
-    for blk, iters, warps in STREAM_CONFIGS:
-        progs = math.ceil(n / (blk * iters))
-        part = torch.empty(progs, dtype=torch.int32, device=cache.device)
-
-        def launch(blk=blk, iters=iters, warps=warps, progs=progs, part=part):
-            stream_read[(progs,)](x, part, n, BLOCK=blk, ITERS=iters, num_warps=warps, **readers[""])
-        replay = graph_of(torch, launch)
-        part.fill_(0x5a5a5a5a)
-        replay()
-        if int(part.sum(dtype=torch.int64).item()) & MASK32 != expect:
-            raise SystemExit(f"paged floor: stream_read {blk}x{iters}: wrong sum")
+    for cfg in STREAM_CONFIGS:
+        replay = stream_read_replay(torch, stream_read, readers, x, expect, cfg, "", "the paged floor's cache")
         med, mean = latency(timer, replay, reps)
         if best is None or med < best["median_us"]:
-            best = dict(median_us=round(med, 2), mean_us=round(mean, 2), config=f"b{blk}_i{iters}_w{warps}")
+            best = dict(median_us=round(med, 2), mean_us=round(mean, 2), config="b{}_i{}_w{}".format(*cfg))
     return best
 
 
@@ -382,7 +390,6 @@ def main(argv=None) -> int:
     formats = [f for f in args.formats.split(",") if f]
     stream_read, readers = build_read_kernels()
     clean = CleanFlushTimer(torch, dev, args.flush_mb << 20)
-    configs = STREAM_CONFIGS
 
     res = dict(schema="mlagen-floor/1", device=torch.cuda.get_device_name(), commit=os.environ.get("MLAGEN_COMMIT"),
                method=("leaderboard timing: per call sync, zero a flush buffer, event, ONE Python call, event, sync; "
@@ -417,21 +424,11 @@ def main(argv=None) -> int:
                        decode_bytes=C.format_bytes(b, l, fmt))
             best = None
             variants = {}
-            expect = int(x.sum(dtype=torch.int64).item()) & 0xffffffff
-            for (blk, iters, warps), policy in [(c, "") for c in configs] + [(c, "evict_first") for c in configs]:
-                progs = math.ceil(n / (blk * iters))
-                part = torch.empty(progs, dtype=torch.int32, device=dev)
-
-                def launch(blk=blk, iters=iters, warps=warps, progs=progs, part=part, policy=policy):
-                    stream_read[(progs,)](x, part, n, BLOCK=blk, ITERS=iters, num_warps=warps, **readers[policy])
-                replay = graph_of(torch, launch)
-                part.fill_(0x5a5a5a5a)  # poison: the sum below must come from this launch
-                replay()
-                got = int(part.sum(dtype=torch.int64).item()) & 0xffffffff
-                if got != expect:
-                    raise SystemExit(f"stream_read {blk}x{iters} on {row['shape']}: sum {got:#x} != {expect:#x}")
+            expect = int(x.sum(dtype=torch.int64).item()) & MASK32
+            for cfg, policy in [(c, "") for c in STREAM_CONFIGS] + [(c, "evict_first") for c in STREAM_CONFIGS]:
+                replay = stream_read_replay(torch, stream_read, readers, x, expect, cfg, policy, row["shape"])
                 t = median_latency(timer, replay, args.reps)
-                name = f"b{blk}_i{iters}_w{warps}" + (f"_{policy}" if policy else "")
+                name = "b{}_i{}_w{}".format(*cfg) + (f"_{policy}" if policy else "")
                 variants[name] = round(t, 2)
                 if policy:
                     row["read_evict_first_us"] = round(min(row.get("read_evict_first_us", t), t), 2)
