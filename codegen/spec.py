@@ -34,7 +34,9 @@ FORMAT_TILES = {("sm90a", "bf16"): dict(block_n=64, stages=2),
                 ("sm90a", "fp8e4m3fn"): dict(block_n=64, stages=2),
                 ("sm90a", "mxfp4"): dict(block_n=64, stages=2)}
 WARPGROUP_BLOCK_N = 64  # block_n of the sm90a warpgroup kernel
-WARPGROUP_KV = ("fp8e4m3fn", "mxfp4", "bf16")
+# KV dtype -> (the most stages, the most that leave two blocks an SM) of its warpgroup kernel:
+# fp8 / mxfp4 stages are 37 / 21 KB (two blocks an SM with 2), a bf16 one 72 KB (one, 2 at most)
+WARPGROUP_KV = {"fp8e4m3fn": (5, 2), "mxfp4": (5, 2), "bf16": (2, 0)}
 
 
 def default_tiles(arch: str, kv_dtype: str) -> dict:
@@ -207,7 +209,7 @@ class KernelSpec:
             return NATIVE_FP8_TARGET_BLOCKS
         if self.rows_body:
             return ROWS_BODY_TARGET_BLOCKS
-        one_a_sm = self.warpgroup and (self.stages > 2 or self.kv_dtype == "bf16")
+        one_a_sm = self.warpgroup and self.stages > WARPGROUP_KV[self.kv_dtype][1]
         return TARGET_BLOCKS[self.arch] // 2 if one_a_sm else TARGET_BLOCKS[self.arch]
 
     @property
@@ -299,9 +301,10 @@ class KernelSpec:
             bad("page_size", "0 for the generic kernel (it reads the page size at run time)")
         if self.block_n not in (32, 64):
             bad("block_n", "32 or 64")
-        if self.warpgroup and self.stages > (2 if self.kv_dtype == "bf16" else 5):
-            bad("stages", "2 with block_n 64 on sm90a bf16, 2..5 with fp8 / mxfp4 (the warpgroup kernels: 72 KB a "
-                          "bf16 stage, 37 / 21 KB fp8 / mxfp4)")
+        wg_top = WARPGROUP_KV[self.kv_dtype][0] if self.warpgroup else None
+        if wg_top and self.stages > wg_top:
+            bad("stages", f"{'2' if wg_top == 2 else f'2..{wg_top}'} with block_n {WARPGROUP_BLOCK_N} on sm90a "
+                          f"{self.kv_dtype} (the warpgroup kernel's stages beside its q and P, under 227 KB)")
         if self.block_m not in (ROWS_A_BLOCK,) + ROWS_BODY_BLOCK_MS:
             bad("block_m", f"{ROWS_A_BLOCK} or {' or '.join(map(str, ROWS_BODY_BLOCK_MS))} (query rows a block)")
         if self.rows_body:
