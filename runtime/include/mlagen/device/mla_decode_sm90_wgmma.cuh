@@ -26,6 +26,7 @@
 // relative to a per-token power of two, which moves into that token's S and P.
 #pragma once
 #include "mlagen/device/formats.cuh"
+#include "mlagen/device/wg_columns.cuh"
 
 #if defined(MLAGEN_NVIDIA)
 #include <type_traits>
@@ -473,7 +474,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
     const int tok0 = tok_begin + it * BN;
     // sv: S (log2 domain); se: the exponent P is taken of, S + g for mxfp4 (P x 2^g meets
     // the tile's V / 2^g), S otherwise
-    float sv[2][4], se[2][4], mx[4];
+    float sv[2][4], se[2][4], tm[4];
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const int jh = k / 2, e = k % 2;
@@ -484,22 +485,13 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
         sv[r][k] = tok0 + row0 + 8 * r < key_end[k] ? x : -INFINITY;
         se[r][k] = kMx ? sv[r][k] + tpow[r] : sv[r][k];
       }
-      mx[k] = fmaxf(se[0][k], se[1][k]);
-#pragma unroll
-      for (int o2 = 4; o2 < 32; o2 *= 2) mx[k] = fmaxf(mx[k], __shfl_xor(mx[k], o2));
     }
-    if (g == 0)
-#pragma unroll
-      for (int k = 0; k < 4; ++k) red_max[w * kHeads + head[k]] = mx[k];
-    __syncthreads();
+    wg_column_max(se, head, red_max, w, g, tm);
     float alpha[4];
     bool rescale = false;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      float tm = red_max[head[k]];
-#pragma unroll
-      for (int ww = 1; ww < W; ++ww) tm = fmaxf(tm, red_max[ww * kHeads + head[k]]);
-      alpha[k] = online_step<Shape::kRowsEndEarly>(m[k], tm);
+      alpha[k] = online_step<Shape::kRowsEndEarly>(m[k], tm[k]);
       rescale |= alpha[k] != 1.f;
     }
     // P = 2^(S - m), x256 (p in [2^-14, 1] stays a normal e4m3), as hi / lo columns of P^T
@@ -552,21 +544,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   const bool bad = rows.block_any_bad(p, page_bad) || seq.bad;
 
   // ---- epilogue: l over the 8 row lanes and the 4 warps -------------------------------------
-#pragma unroll
-  for (int k = 0; k < 4; ++k)
-#pragma unroll
-    for (int o2 = 4; o2 < 32; o2 *= 2) l[k] += __shfl_xor(l[k], o2);
-  if (g == 0)
-#pragma unroll
-    for (int k = 0; k < 4; ++k) red_sum[w * kHeads + head[k]] = l[k];
-  __syncthreads();
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    float sum = 0.f;
-#pragma unroll
-    for (int ww = 0; ww < W; ++ww) sum += red_sum[ww * kHeads + head[k]];
-    l[k] = sum;
-  }
+  wg_column_sum(l, head, red_sum, w, g);
 
   // O[head][dim]: head slot k, m64 block mb, row r -> dim 128 (mb / 2) + 32 w + 4 g + 2 (mb % 2)
   // + r: four consecutive dims per (k, mb / 2). Columns: hi + lo / 16, / 256.

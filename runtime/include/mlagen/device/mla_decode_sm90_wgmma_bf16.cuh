@@ -15,6 +15,7 @@
 // ring are in flight while the block waits.
 #pragma once
 #include "mlagen/device/formats.cuh"
+#include "mlagen/device/wg_columns.cuh"
 
 #if defined(MLAGEN_NVIDIA)
 namespace mlagen::device {
@@ -196,30 +197,21 @@ MLAGEN_DEVICE void decode_wgmma_bf16(const Params& p, uint8_t* smem) {
 
     // ---- softmax: the rows' tile maxima meet in shared memory --------------------------------
     const int tok0 = tok_begin + it * BN;
-    float sv[2][4], mx[4];
+    float sv[2][4], tm[4];
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const int jh = k / 2, e = k % 2;
 #pragma unroll
       for (int r = 0; r < 2; ++r)
         sv[r][k] = tok0 + row0 + 8 * r < key_end[k] ? s[4 * jh + 2 * r + e] * s_scale : -INFINITY;
-      mx[k] = fmaxf(sv[0][k], sv[1][k]);
-#pragma unroll
-      for (int o2 = 4; o2 < 32; o2 *= 2) mx[k] = fmaxf(mx[k], __shfl_xor(mx[k], o2));
     }
-    if (g == 0)
-#pragma unroll
-      for (int k = 0; k < 4; ++k) red_max[w * kHeads + head[k]] = mx[k];
-    __syncthreads();
+    wg_column_max(sv, head, red_max, w, g, tm);
     float alpha[4];
     bool rescale = false;
     uint32_t pw[2][2];  // P as bf16 pairs: [jh][r] = (row 8 jh + 2t, + 1) at token row0 + 8 r
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      float tm = red_max[head[k]];
-#pragma unroll
-      for (int ww = 1; ww < W; ++ww) tm = fmaxf(tm, red_max[ww * kHeads + head[k]]);
-      alpha[k] = online_step<Shape::kRowsEndEarly>(m[k], tm);
+      alpha[k] = online_step<Shape::kRowsEndEarly>(m[k], tm[k]);
       rescale |= alpha[k] != 1.f;
       const float mb = step_base<Shape::kRowsEndEarly>(m[k]);  // (a row with no key yet: P = 0)
       sv[0][k] = fast_exp2(sv[0][k] - mb);
@@ -261,22 +253,11 @@ MLAGEN_DEVICE void decode_wgmma_bf16(const Params& p, uint8_t* smem) {
   const bool bad = rows.block_any_bad(p, page_bad) || seq.bad;
 
   // ---- epilogue: l over the 8 row lanes and the 4 warps, O through shared memory -------------
-#pragma unroll
-  for (int k = 0; k < 4; ++k)
-#pragma unroll
-    for (int o2 = 4; o2 < 32; o2 *= 2) l[k] += __shfl_xor(l[k], o2);
-  __syncthreads();  // every thread is past the loop: the ring is free for the O staging
-  if (g == 0)
-#pragma unroll
-    for (int k = 0; k < 4; ++k) red_sum[w * kHeads + head[k]] = l[k];
+  // (the sum's barrier also puts every thread past the loop: the ring is free for the O staging)
+  wg_column_sum(l, head, red_sum, w, g);
   float* ostage = reinterpret_cast<float*>(smem);  // [row][kOPitch]
-  __syncthreads();
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    float sum = 0.f;
-#pragma unroll
-    for (int ww = 0; ww < W; ++ww) sum += red_sum[ww * kHeads + head[k]];
-    l[k] = sum;
     const int jh = k / 2, e = k % 2;
     const float inv = splits == 1 ? out_scale(l[k], 1.f, bad) : 1.f;
 #pragma unroll
