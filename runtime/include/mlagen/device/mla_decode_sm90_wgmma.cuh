@@ -151,6 +151,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   using namespace sm90;
   using L = WgLayout<T::kStages, T::kKv>;
   constexpr int BN = L::kBlockN, ST = L::kStages, W = 4;
+  static_assert(W == kWgWarps, "one warpgroup: wg_columns.cuh reduces over its 4 warps");
   constexpr bool kMx = L::kMx;
   static_assert(MLAGEN_WARP_SIZE == 32, "wgmma fragments are defined for 32-lane warps");
   static_assert(L::kSmemBytes <= 227 * 1024, "shared memory over sm_90's 227 KB a block: fewer stages");

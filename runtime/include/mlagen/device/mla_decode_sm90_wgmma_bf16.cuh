@@ -57,6 +57,7 @@ MLAGEN_DEVICE void decode_wgmma_bf16(const Params& p, uint8_t* smem) {
   using namespace sm90;
   using L = WgBf16Layout<T::kStages>;
   constexpr int BN = L::kBlockN, ST = L::kStages, W = 4;
+  static_assert(W == kWgWarps, "one warpgroup: wg_columns.cuh reduces over its 4 warps");
   static_assert(MLAGEN_WARP_SIZE == 32, "wgmma fragments are defined for 32-lane warps");
   const uint32_t s_raw = smem_addr(smem);
   const uint32_t s_base = (s_raw + L::kAlign - 1) & ~static_cast<uint32_t>(L::kAlign - 1);
