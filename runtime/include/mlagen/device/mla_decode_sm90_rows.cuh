@@ -204,7 +204,7 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
     float m[NS], l[NS], cs[NS];  // rows 8 j + 2 t + e, slot k = 2 j + e
     int min_end = tok_end;       // tiles ending before every row's causal end need no mask
 #pragma unroll
-    for (int k = 0; k < NS; ++k) m[k] = -INFINITY, l[k] = 0.f, cs[k] = row_cs[8 * (k / 2) + 2 * t + k % 2];
+    for (int k = 0; k < NS; ++k) m[k] = -INFINITY, l[k] = 0.f, cs[k] = row_cs[wg_column(k, t)];
     for (int r = 0; r < R; ++r) min_end = min(min_end, row_end[r]);
     // stmatrix: lane -> row lane % 8 of fragment lane / 8 (j = lane / 16, r = lane / 8 % 2) of a group of four
     const uint32_t p_lane = L::p_at(8 * (lane / 16) + lane % 8, 16 * w + 8 * (lane / 8 % 2));
@@ -271,11 +271,11 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
         }
         if (g == 0)
 #pragma unroll
-          for (int k = 0; k < NS; ++k) red[w * R + 8 * (k / 2) + 2 * t + k % 2] = mx[k];
+          for (int k = 0; k < NS; ++k) red[w * R + wg_column(k, t)] = mx[k];
         named_barrier(1, 128);
 #pragma unroll
         for (int k = 0; k < NS; ++k) {
-          const int row = 8 * (k / 2) + 2 * t + k % 2;
+          const int row = wg_column(k, t);
           float tm = red[row];
 #pragma unroll
           for (int ww = 1; ww < 4; ++ww) tm = fmaxf(tm, red[ww * R + row]);
@@ -319,12 +319,12 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
     named_barrier(1, 128);  // (the maxima's last readers are done)
     if (g == 0)
 #pragma unroll
-      for (int k = 0; k < NS; ++k) red[w * R + 8 * (k / 2) + 2 * t + k % 2] = l[k];
+      for (int k = 0; k < NS; ++k) red[w * R + wg_column(k, t)] = l[k];
     named_barrier(1, 128);
     if (w == 0 && g == 0)
 #pragma unroll
       for (int k = 0; k < NS; ++k) {
-        const int row = 8 * (k / 2) + 2 * t + k % 2;
+        const int row = wg_column(k, t);
         l[k] = red[row] + red[R + row] + red[2 * R + row] + red[3 * R + row];
         l_final[row] = l[k];
       }
@@ -335,7 +335,7 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
     if (w == 0 && g == 0)
 #pragma unroll
       for (int k = 0; k < NS; ++k) {
-        const int row = 8 * (k / 2) + 2 * t + k % 2;
+        const int row = wg_column(k, t);
         if (splits > 1) p.part_ml[qr.part(row)] = split_state(m[k], l[k], bad);
         else if (qr.owns(row)) store_lse(p, qr.token(row), qr.head(row), m[k], l[k], bad);
       }

@@ -327,14 +327,14 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   __syncthreads();
   mark(2);
 
-  // This thread's query rows (columns of S^T and O^T): slot k -> row 8 (k / 2) + 2t + k % 2
+  // This thread's query rows (columns of S^T and O^T): slot k -> row wg_column(k, t)
   // of the block's 16 (`head[k]`: the block's rows are 16 heads of one token at q_len 1).
   const float s_scale = kv_scale * qq.scale * p.sm_scale * kLog2e;  // log2 domain
   int head[4], key_end[4];
   float cs_hi[4];  // the lo column's factor is cs_hi / 16
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    head[k] = 8 * (k / 2) + 2 * t + (k % 2);
+    head[k] = wg_column(k, t);
     cs_hi[k] = col_scale[head[k]] * s_scale;
     key_end[k] = min(tok_end, qr.key_end(head[k]));  // causal: the row's last key + 1
   }

@@ -153,11 +153,11 @@ MLAGEN_DEVICE void decode_wgmma_bf16(const Params& p, uint8_t* smem) {
   __syncthreads();
   const float s_scale = qq.scale * p.sm_scale * kLog2e;  // log2 domain (bf16 KV: no KV scale)
 
-  // This thread's query rows (columns of S^T and O^T): slot k -> row 8 (k / 2) + 2t + k % 2.
+  // This thread's query rows (columns of S^T and O^T): slot k -> row wg_column(k, t).
   int head[4], key_end[4];
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    head[k] = 8 * (k / 2) + 2 * t + (k % 2);
+    head[k] = wg_column(k, t);
     key_end[k] = min(tok_end, qr.key_end(head[k]));  // causal: the row's last key + 1
   }
   float o[L::kVAtoms][8];  // O^T m64 block mb: o[mb][4 jh + 2 r + e] = dim 64 mb + 16 w + g + 8 r, row 8 jh + 2 t + e

@@ -12,6 +12,10 @@ namespace mlagen::device {
 
 constexpr int kWgWarps = 4;
 
+// The N column (query row) of a thread's accumulator slot k: slot k of lane (g, t) holds columns
+// 8 (k / 2) + 2 t + k % 2 of an m64nN wgmma accumulator (k < N / 4; the 16-row bodies use k < 4).
+MLAGEN_DEVICE constexpr int wg_column(int k, int t) { return 8 * (k / 2) + 2 * t + k % 2; }
+
 // tm[k]: the max of column head[k] over the tile, from x[r][k] (the thread's tokens g + 8 r).
 // Every thread of the block calls it (a barrier); red is free again at the next barrier.
 MLAGEN_DEVICE void wg_column_max(const float (&x)[2][4], const int (&head)[4], float* red, int w, int g,
