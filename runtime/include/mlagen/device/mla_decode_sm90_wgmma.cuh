@@ -204,11 +204,19 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   // one 64-bit base a tile, a 32-bit row step, immediates for the rest, no predicates (the
   // general path spent ~200 instructions a warp and tile on addresses, docs/perf.md v4).
   const int64_t stride = p.kv_stride_bytes;
-  // paged fp8: the next tile's page ids, one row a lane, a tile ahead (no page-id round trip on
-  // the copy-issue path)
+  // paged fp8: the page ids of the next kIdsAhead tiles, one row a lane (no page-id round trip on
+  // the copy-issue path). Two tiles ahead, not one: an id load waits in the same queues as the KV
+  // stream (~one block-tile under load), so loaded one tile early it was often not back when the
+  // copies needed it, and the issue under the S wgmma stalled past it (page 1 at 256x8192: +11% of
+  // contiguous with one, +8% with two; docs/perf.md v16). The fp8-q generic kernel keeps one: it
+  // has no two registers to spare (24 B of spills).
+  constexpr int kIdsAhead = T::kQ == QFormat::kBf16 ? 2 : 1;
   const bool paged_ids = !kMx && rows.paged();
-  TileIds<BN> next_ids;
-  if (paged_ids) next_ids.load(rows, tok_begin, tok_end, lane);
+  TileIds<BN> next_ids[kIdsAhead];  // [i]: tile j + i's, at the issue of tile j
+  if (paged_ids)
+#pragma unroll
+    for (int i = 0; i < kIdsAhead; ++i)
+      if (i == 0 || i < ntiles) next_ids[i].load(rows, tok_begin + i * BN, tok_end, lane);
   const uint32_t src_main = static_cast<uint32_t>(row_main * stride) + c8 * 16;  // < 2^31: rows < 64
   const uint32_t src_rope = static_cast<uint32_t>(row_rope * stride) + 512 + c4 * 16;
   const uint32_t step16 = static_cast<uint32_t>(16 * stride);
@@ -257,8 +265,10 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
       const uint32_t dst = s_base + (j % ST) * L::kStageBytes;
       TileIds<BN> ids;
       if (paged_ids) {
-        ids = next_ids;
-        if (j + 1 < ntiles) next_ids.load(rows, tok0 + BN, tok_end, lane);
+        ids = next_ids[0];
+#pragma unroll
+        for (int i = 0; i + 1 < kIdsAhead; ++i) next_ids[i] = next_ids[i + 1];
+        if (j + kIdsAhead < ntiles) next_ids[kIdsAhead - 1].load(rows, tok0 + kIdsAhead * BN, tok_end, lane);
       }
       if (paged_ids && !(rows_left >= BN && rows.template tile_contiguous<BN>())) {
         // pages shorter than a tile (or a short last tile): the thread's row addresses from the ids
