@@ -206,10 +206,10 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   const int64_t stride = p.kv_stride_bytes;
   // paged fp8: the page ids of the next kIdsAhead tiles, one row a lane (no page-id round trip on
   // the copy-issue path). Two tiles ahead, not one: an id load waits in the same queues as the KV
-  // stream (~one block-tile under load), so loaded one tile early it was often not back when the
-  // copies needed it, and the issue under the S wgmma stalled past it (page 1 at 256x8192: +11% of
-  // contiguous with one, +8% with two; docs/perf.md v16). The fp8-q generic kernel keeps one: it
-  // has no two registers to spare (24 B of spills).
+  // stream (~one block-tile under load), so loaded one tile early it can still be on its way when
+  // the copies need it, and the issue under the S wgmma then stalls past it (page 1 at 256x8192 in
+  // an A/B: +11% of contiguous with one, +8% with two; docs/perf.md v16). The fp8-q generic kernel
+  // keeps one: it has no two registers to spare (24 B of spills).
   constexpr int kIdsAhead = T::kQ == QFormat::kBf16 ? 2 : 1;
   const bool paged_ids = !kMx && rows.paged();
   TileIds<BN> next_ids[kIdsAhead];  // [i]: tile j + i's, at the issue of tile j
