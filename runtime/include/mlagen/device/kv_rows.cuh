@@ -122,6 +122,40 @@ struct TileIds {
   }
 };
 
+// The page ids of a tile's rows staged in shared memory (the fp8 warpgroup body): slot
+// tile % kSlots holds the tile's kBlockN ids, entry r that of row r (0 past the sequence's
+// end). They go out by cp.async with the copies of an earlier tile, in its commit group, so the
+// tile loop's own wait has seen them land before the copies that need them are issued: no
+// register holds an id load in flight across the loop (a register ring two tiles deep compiled
+// to a move that waited on the load right after the copies, docs/perf.md v17), and a row's id
+// is one shared load, no shuffle. Every thread calls stage(); threads tid < kBlockN copy.
+template <int kBlockN, int kSlots>
+struct StagedTileIds {
+  static constexpr int kSlotBytes = kBlockN * 4;
+  static constexpr int kBytes = kSlots * kSlotBytes;
+  uint32_t base;  // shared address of slot 0
+  MLAGEN_DEVICE uint32_t slot(int tile) const { return base + static_cast<uint32_t>(tile % kSlots) * kSlotBytes; }
+  template <int kThreads, class Rows>
+  MLAGEN_DEVICE void stage(const Rows& rows, int tile, int tok0, int tok_end, int tid) const {
+#pragma unroll
+    for (int i = 0; i < (kBlockN + kThreads - 1) / kThreads; ++i) {
+      const int e = tid + i * kThreads, t = tok0 + e;
+      if (kBlockN % kThreads != 0 && e >= kBlockN) break;
+      const bool ok = t < tok_end;
+      sm90::cp_async_4(slot(tile) + 4 * e, rows.pages + (ok ? t >> rows.shift : 0), ok);
+    }
+  }
+  // Physical row of row r of tile `tile` (starting at token tok0): staged() has landed.
+  template <class Rows>
+  MLAGEN_DEVICE int64_t row(const Rows& rows, int tile, int tok0, int r, bool& bad) const {
+    const int32_t pg = static_cast<int32_t>(sm90::lds32(slot(tile) + 4 * r));
+    const bool ok = static_cast<uint32_t>(pg) < rows.num_pages;
+    bad |= !ok;
+    const int t = tok0 + r;
+    return (static_cast<int64_t>(ok ? pg : 0) << rows.shift) + (t & ((1 << rows.shift) - 1));
+  }
+};
+
 // The mma.sync bodies' tile issue: copies(row_ptr) with row_ptr(r) the address of the tile's
 // row r: one base a tile when the tile is one run of rows (then the next tile's page id is
 // prefetched into L1), else the page ids loaded a tile ago (`next_ids`, refilled here for the

@@ -80,7 +80,14 @@ struct WgLayout {
   static constexpr int kTokOffset = kColOffset + kHeads * 4;
   static constexpr int kMxLut = 20;  // block exponents -13..6 relative to the token's (below: zeros)
   static constexpr int kLutOffset = kTokOffset + (kMx ? 2 * kBlockN * 4 : 0);
-  static constexpr int kSmemBytes = kLutOffset + (kMx ? kMxLut * 8 : 0) + kAlign;  // + room to align the base
+  // paged e4m3 rows: the page ids of the tiles in flight (kv_rows.cuh, StagedTileIds). Tile j's go
+  // out with tile j - kIdsAhead's copies, a whole ring ahead; the ST - 1 issues of the prologue
+  // run without a barrier between them, so slots for kIdsAhead + ST - 1 tiles. Last in the
+  // layout, so that no other offset moves.
+  static constexpr int kIdsAhead = kStages, kIdSlots = kIdsAhead + kStages - 1;
+  using Ids = StagedTileIds<kBlockN, kIdSlots>;
+  static constexpr int kIdsOffset = kLutOffset + (kMx ? kMxLut * 8 : 0);
+  static constexpr int kSmemBytes = kIdsOffset + (kMx ? 0 : Ids::kBytes) + kAlign;  // + room to align the base
   static_assert(kPackedStageBytes % 16 == 0 && kQOffset % 16 == 0, "16-byte copies");
   static_assert(kCopiesPerThread * kThreads == kBlockN * kChunksPerRow, "whole copies a thread");
 
@@ -204,19 +211,18 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   // one 64-bit base a tile, a 32-bit row step, immediates for the rest, no predicates (the
   // general path spent ~200 instructions a warp and tile on addresses, docs/perf.md v4).
   const int64_t stride = p.kv_stride_bytes;
-  // paged fp8: the page ids of the next kIdsAhead tiles, one row a lane (no page-id round trip on
-  // the copy-issue path). Two tiles ahead, not one: an id load waits in the same queues as the KV
-  // stream (~one block-tile under load), so loaded one tile early it can still be on its way when
-  // the copies need it, and the issue under the S wgmma then stalls past it (page 1 at 256x8192 in
-  // an A/B: +11% of contiguous with one, +8% with two; docs/perf.md v16). The fp8-q generic kernel
-  // keeps one: it has no two registers to spare (24 B of spills).
-  constexpr int kIdsAhead = T::kQ == QFormat::kBf16 ? 2 : 1;
+  // paged fp8: the page ids of tile j in shared memory (L::Ids), staged with tile j - kIdsAhead's
+  // copies; the first kIdsAhead tiles' before the ring starts (one round trip, as any first tile)
   const bool paged_ids = !kMx && rows.paged();
-  TileIds<BN> next_ids[kIdsAhead];  // [i]: tile j + i's, at the issue of tile j
-  if (paged_ids)
+  const typename L::Ids ids{s_base + L::kIdsOffset};
+  if (paged_ids) {
 #pragma unroll
-    for (int i = 0; i < kIdsAhead; ++i)
-      if (i == 0 || i < ntiles) next_ids[i].load(rows, tok_begin + i * BN, tok_end, lane);
+    for (int j = 0; j < L::kIdsAhead; ++j)
+      if (j < ntiles) ids.template stage<L::kThreads>(rows, j, tok_begin + j * BN, tok_end, tid);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+  }
   const uint32_t src_main = static_cast<uint32_t>(row_main * stride) + c8 * 16;  // < 2^31: rows < 64
   const uint32_t src_rope = static_cast<uint32_t>(row_rope * stride) + 512 + c4 * 16;
   const uint32_t step16 = static_cast<uint32_t>(16 * stride);
@@ -263,25 +269,21 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
       const int tok0 = tok_begin + j * BN;
       const int rows_left = tok_end - tok0;
       const uint32_t dst = s_base + (j % ST) * L::kStageBytes;
-      TileIds<BN> ids;
-      if (paged_ids) {
-        ids = next_ids[0];
-#pragma unroll
-        for (int i = 0; i + 1 < kIdsAhead; ++i) next_ids[i] = next_ids[i + 1];
-        if (j + kIdsAhead < ntiles) next_ids[kIdsAhead - 1].load(rows, tok0 + kIdsAhead * BN, tok_end, lane);
-      }
+      // (tile j + kIdsAhead's ids: a slot no thread reads before the next barrier)
+      if (paged_ids && j + L::kIdsAhead < ntiles)
+        ids.template stage<L::kThreads>(rows, j + L::kIdsAhead, tok0 + L::kIdsAhead * BN, tok_end, tid);
       if (paged_ids && !(rows_left >= BN && rows.template tile_contiguous<BN>())) {
         // pages shorter than a tile (or a short last tile): the thread's row addresses from the ids
         const uint8_t* src[kMainK + kRopeK];
 #pragma unroll
         for (int k = 0; k < kMainK + kRopeK; ++k) {
           const int row = k < kMainK ? 16 * k + row_main : 32 * (k - kMainK) + row_rope;
-          const int64_t r = ids.row(rows, tok0, row, page_bad);  // (every lane: a shuffle)
+          const int64_t r = ids.row(rows, j, tok0, row, page_bad);
           src[k] = row < rows_left ? p.kv + r * stride : nullptr;
         }
         copy_rows(dst, src);
       } else if (rows_left >= BN) {  // one run of rows: one base a tile
-        const uint8_t* base = paged_ids ? p.kv + ids.row(rows, tok0, 0, page_bad) * stride : rows.ptr(tok0, page_bad);
+        const uint8_t* base = paged_ids ? p.kv + ids.row(rows, j, tok0, 0, page_bad) * stride : rows.ptr(tok0, page_bad);
 #pragma unroll
         for (int k = 0; k < kMainK; ++k) {  // rows 16 k + row_main
           const uint8_t* src = base + (src_main + k * step16);

@@ -34,6 +34,10 @@ MLAGEN_DEVICE void cp_async_16(uint32_t dst, const void* src, bool pred) { cp_as
 MLAGEN_DEVICE void cp_async_16_full(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
+// 4-byte global -> shared copy (through L1: .cg takes 16 bytes only); zero-filled when !pred.
+MLAGEN_DEVICE void cp_async_4(uint32_t dst, const void* src, bool pred) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(pred ? 4 : 0) : "memory");
+}
 MLAGEN_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 MLAGEN_DEVICE void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
