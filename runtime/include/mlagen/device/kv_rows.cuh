@@ -85,8 +85,8 @@ struct KvRows {
   }
 };
 
-// The page ids of a tile's rows held by each warp (the mma.sync bodies: pages shorter than a
-// tile; the warpgroup kernel: every paged tile), row lane + W j in
+// The page ids of a tile's rows held by each warp (the mma.sync bodies and the bf16 warpgroup
+// body: pages shorter than a tile, every paged tile in the latter), row lane + W j in
 // lane `lane` (W lanes a warp), loaded one tile ahead of the copies that need them and read by any
 // lane with a shuffle. The copies' asm statements clobber memory, so a page-id load per copy
 // would wait out its latency between two copies; this way a tile's ids are one load a lane, issued
