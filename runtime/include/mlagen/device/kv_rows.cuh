@@ -51,14 +51,14 @@ struct KvRows {
     if constexpr (kPage > 0) return false;
     return !paged() || (1 << shift) >= n;
   }
-  // Physical row of token t (see above for a bad page id).
-  MLAGEN_DEVICE int64_t row(int t, bool& bad) const {
-    if (!paged()) return first + t;
-    const int32_t pg = pages[t >> shift];
+  // Physical row of token t held by page id pg (see above for a bad page id).
+  MLAGEN_DEVICE int64_t page_row(int32_t pg, int t, bool& bad) const {
     const bool ok = static_cast<uint32_t>(pg) < num_pages;
     bad |= !ok;
     return (static_cast<int64_t>(ok ? pg : 0) << shift) + (t & ((1 << shift) - 1));
   }
+  // Physical row of token t.
+  MLAGEN_DEVICE int64_t row(int t, bool& bad) const { return paged() ? page_row(pages[t >> shift], t, bad) : first + t; }
   MLAGEN_DEVICE const uint8_t* ptr(int t, bool& bad) const { return kv + row(t, bad) * stride; }
   // After the tile loop, every thread of the block: whether any of them met a bad page id (and
   // the error word says so). Contiguous rows have no page ids: false at once, no barrier (the
@@ -115,10 +115,7 @@ struct TileIds {
       const int32_t v = __shfl(id[j], r % W);
       if (r / W == j) pg = v;
     }
-    const bool ok = static_cast<uint32_t>(pg) < rows.num_pages;
-    bad |= !ok;
-    const int t = tok0 + r;
-    return (static_cast<int64_t>(ok ? pg : 0) << rows.shift) + (t & ((1 << rows.shift) - 1));
+    return rows.page_row(pg, tok0 + r, bad);
   }
 };
 
@@ -145,14 +142,11 @@ struct StagedTileIds {
       sm90::cp_async_4(slot(tile) + 4 * e, rows.pages + (ok ? t >> rows.shift : 0), ok);
     }
   }
-  // Physical row of row r of tile `tile` (starting at token tok0): staged() has landed.
+  // Physical row of row r of tile `tile` (starting at token tok0), once its stage() has landed.
   template <class Rows>
   MLAGEN_DEVICE int64_t row(const Rows& rows, int tile, int tok0, int r, bool& bad) const {
     const int32_t pg = static_cast<int32_t>(sm90::lds32(slot(tile) + 4 * r));
-    const bool ok = static_cast<uint32_t>(pg) < rows.num_pages;
-    bad |= !ok;
-    const int t = tok0 + r;
-    return (static_cast<int64_t>(ok ? pg : 0) << rows.shift) + (t & ((1 << rows.shift) - 1));
+    return rows.page_row(pg, tok0 + r, bad);
   }
 };
 
