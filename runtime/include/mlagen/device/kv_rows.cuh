@@ -142,6 +142,30 @@ struct StagedTileIds {
       sm90::cp_async_4(slot(tile) + 4 * e, rows.pages + (ok ? t >> rows.shift : 0), ok);
     }
   }
+  // What stage() and its wait do, for the block's first kTiles tiles (tile j at token tok0 + j
+  // kBlockN), by plain loads and shared stores, with between() called after the loads and before
+  // the stores: loads issued there share the ids' round trip (behind a cp.async wait they would
+  // not: ptxas does not schedule loads above it). Visible after the caller's barrier.
+  template <int kTiles, int kThreads, class Rows, class Between>
+  MLAGEN_DEVICE void stage_first(const Rows& rows, int tok0, int tok_end, int tid, Between&& between) const {
+    constexpr int kPer = (kBlockN + kThreads - 1) / kThreads;
+    uint32_t v[kTiles][kPer];
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j)
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        const int e = tid + i * kThreads, t = tok0 + j * kBlockN + e;
+        v[j][i] = (kBlockN % kThreads == 0 || e < kBlockN) && t < tok_end ? static_cast<uint32_t>(rows.pages[t >> rows.shift]) : 0u;
+      }
+    between();
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j)
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        const int e = tid + i * kThreads;
+        if (kBlockN % kThreads == 0 || e < kBlockN) sm90::sts32(slot(j) + 4 * e, v[j][i]);
+      }
+  }
   // Physical row of row r of tile `tile` (starting at token tok0), once its stage() has landed.
   template <class Rows>
   MLAGEN_DEVICE int64_t row(const Rows& rows, int tile, int tok0, int r, bool& bad) const {

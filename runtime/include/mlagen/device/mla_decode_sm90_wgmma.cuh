@@ -212,17 +212,9 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   // general path spent ~200 instructions a warp and tile on addresses, docs/perf.md v4).
   const int64_t stride = p.kv_stride_bytes;
   // paged fp8: the page ids of tile j in shared memory (L::Ids), staged with tile j - kIdsAhead's
-  // copies; the first kIdsAhead tiles' before the ring starts (one round trip, as any first tile)
+  // copies; the first kIdsAhead tiles' before the ring starts, beside the q loads (below)
   const bool paged_ids = !kMx && rows.paged();
   const typename L::Ids ids{s_base + L::kIdsOffset};
-  if (paged_ids) {
-#pragma unroll
-    for (int j = 0; j < L::kIdsAhead; ++j)
-      if (j < ntiles) ids.template stage<L::kThreads>(rows, j, tok_begin + j * BN, tok_end, tid);
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
-  }
   const uint32_t src_main = static_cast<uint32_t>(row_main * stride) + c8 * 16;  // < 2^31: rows < 64
   const uint32_t src_rope = static_cast<uint32_t>(row_rope * stride) + 512 + c4 * 16;
   const uint32_t step16 = static_cast<uint32_t>(16 * stride);
@@ -307,19 +299,27 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
     }
     cp_async_commit();
   };
-#pragma unroll
-  for (int j = 0; j < ST - 1; ++j) issue_tile(j);
-  mark(1);
-
   // ---- Q hi / lo, once: thread -> query row h = tid / 8, 16-byte chunks 8 j + tid % 8 (j = 0..8) of
   // its row, as two 4-value loads: the 8 lanes of a head read 128 contiguous bytes (a
   // thread-contiguous 72-dim run put every lane of a load in its own line, docs/perf.md v4)
-  // (the loads go out before q_setup, which waits for the amax pre-pass of an fp8 q)
+  // (the loads go out before q_setup, which waits for the amax pre-pass of an fp8 q). The
+  // first tiles' copies go out before them; paged, after them: the copies wait for the ids'
+  // round trip, which the q loads then share.
   const int h = tid / 8, part = tid % 8;
   auto dim_of = [&](int i) { return 8 * (8 * (i / 2) + part) + 4 * (i % 2); };  // value 4 i .. 4 i + 3
   uint2 q_raw[18];
+  auto load_q = [&] {
 #pragma unroll
-  for (int i = 0; i < 18; ++i) q_raw[i] = load_q4_raw<T::kQ>(p, qr.token(h), qr.head(h), dim_of(i));
+    for (int i = 0; i < 18; ++i) q_raw[i] = load_q4_raw<T::kQ>(p, qr.token(h), qr.head(h), dim_of(i));
+  };
+  if (paged_ids) {  // the first tiles' ids and q in one round trip; then the copies
+    ids.template stage_first<L::kIdsAhead, L::kThreads>(rows, tok_begin, tok_end, tid, load_q);
+    __syncthreads();
+  }
+#pragma unroll
+  for (int j = 0; j < ST - 1; ++j) issue_tile(j);
+  mark(1);
+  if (!paged_ids) load_q();
   const QQuant qq = q_setup<T::kQ>(p, q_given);
   {
     const float inv_c = stage_q_row<T::kQ, true>(qq, q_raw, [&](int i, uint32_t hi, uint32_t lo) {
