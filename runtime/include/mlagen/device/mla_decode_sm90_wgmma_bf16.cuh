@@ -90,17 +90,12 @@ MLAGEN_DEVICE void decode_wgmma_bf16(const Params& p, uint8_t* smem) {
   const uint32_t src_row = static_cast<uint32_t>(row_main * stride) + c8 * 16;  // rows < 64
   const uint32_t step16 = static_cast<uint32_t>(16 * stride);
   const bool paged_ids = rows.paged();
-  TileIds<BN> next_ids;  // paged: the next tile's page ids, one row a lane, a tile ahead
-  if (paged_ids) next_ids.load(rows, tok_begin, tok_end, lane);
-  auto issue_tile = [&](int j) {
+  TileIds<BN> next_ids{};  // paged: the next tile's page ids, one row a lane, a tile ahead
+  // Tile j's copies from `ids` (paged: its page ids).
+  auto issue_tile_from = [&](int j, const TileIds<BN>& ids) {
     if (j < ntiles) {
       const int tok0 = tok_begin + j * BN, rows_left = tok_end - tok0;
       const uint32_t dst = s_base + (j % ST) * L::kStageBytes + dst_row;
-      TileIds<BN> ids;
-      if (paged_ids) {
-        ids = next_ids;
-        if (j + 1 < ntiles) next_ids.load(rows, tok0 + BN, tok_end, lane);
-      }
       if (rows_left >= BN && rows.template tile_contiguous<BN>()) {  // one run of rows: one base a tile
         const uint8_t* base = paged_ids ? p.kv + ids.row(rows, tok0, 0, page_bad) * stride : rows.ptr(tok0, page_bad);
 #pragma unroll
@@ -127,23 +122,44 @@ MLAGEN_DEVICE void decode_wgmma_bf16(const Params& p, uint8_t* smem) {
     }
     cp_async_commit();
   };
+  // The loop's refill: tile j from the ids loaded a tile ago, the next tile's loaded now.
+  auto issue_tile = [&](int j) {
+    const TileIds<BN> ids = next_ids;
+    if (paged_ids && j + 1 < ntiles) next_ids.load(rows, tok_begin + (j + 1) * BN, tok_end, lane);
+    issue_tile_from(j, ids);
+  };
+  // ---- Q as bf16, once: thread -> row h = tid / 8, dims 64 c + 8 part .. + 7 (c = 0..8) ------
+  // (paged: the loads go out beside the first ST tiles' ids, one round trip before the copies;
+  // contiguous: after the copies)
+  const int qh = tid / 8, qpart = tid % 8;
+  auto dim_of = [&](int i) { return 8 * (8 * (i / 2) + qpart) + 4 * (i % 2); };  // values 4 i .. 4 i + 3
+  uint2 q_raw[18];
+  auto load_q = [&] {
+#pragma unroll
+    for (int i = 0; i < 18; ++i) q_raw[i] = load_q4_raw<T::kQ>(p, qr.token(qh), qr.head(qh), dim_of(i));
+  };
   // A slot is refilled as soon as the O wgmmas of its tile are done (the end of the loop body):
   // ST tiles fly while the block waits for one.
+  if (paged_ids) {
+    TileIds<BN> first[ST];
 #pragma unroll
-  for (int j = 0; j < ST; ++j) issue_tile(j);
+    for (int j = 0; j < ST; ++j) first[j].load(rows, tok_begin + j * BN, tok_end, lane);
+    load_q();
+#pragma unroll
+    for (int j = 0; j < ST; ++j) issue_tile_from(j, first[j]);
+    if (ST < ntiles) next_ids.load(rows, tok_begin + ST * BN, tok_end, lane);
+  } else {
+#pragma unroll
+    for (int j = 0; j < ST; ++j) issue_tile_from(j, next_ids);
+    load_q();
+  }
 
-  // ---- Q as bf16, once: thread -> row h = tid / 8, dims 64 c + 8 part .. + 7 (c = 0..8) ------
   const QQuant qq = [&] {
-    const int h = tid / 8, part = tid % 8;
-    auto dim_of = [&](int i) { return 8 * (8 * (i / 2) + part) + 4 * (i % 2); };  // values 4 i .. 4 i + 3
-    uint2 q_raw[18];
-#pragma unroll
-    for (int i = 0; i < 18; ++i) q_raw[i] = load_q4_raw<T::kQ>(p, qr.token(h), qr.head(h), dim_of(i));
     const QQuant quant = q_setup<T::kQ>(p, q_given);  // (after the q loads: see decode_wgmma)
 #pragma unroll
     for (int i = 0; i < 18; ++i) {
       const float4 v = q4_from_raw<T::kQ>(quant, q_raw[i]);  // exact in bf16 for every q format
-      const uint32_t at = s_q + L::q_at(h, 2 * dim_of(i));
+      const uint32_t at = s_q + L::q_at(qh, 2 * dim_of(i));
       sts32(at, pack_bf16x2_rn(v.x, v.y));
       sts32(at + 4, pack_bf16x2_rn(v.z, v.w));
     }
