@@ -12,7 +12,8 @@ timeout 120 python3 bench/sanitize.py --out /tmp/san --tools memcheck,racecheck_
 cp /tmp/san/sanitize.json $OUT/ 2>/dev/null
 for i in 1 2; do for t in base new; do
   d=$([ $t = new ] && echo . || echo .peers/base)
-  (cd $d && env -u PYTHONPATH -u MLAGEN_LIBRARY timeout 100 python3 bench/bench.py --out /tmp/ab_${t}_$i --shapes 4x1024 --paged \
+  c=$([ $t = new ] && cat .commit || echo d6f38b0de04090edfaf3aa316671cc65b1b2cfc0)
+  (cd $d && MLAGEN_COMMIT=$c env -u PYTHONPATH -u MLAGEN_LIBRARY timeout 100 python3 bench/bench.py --out /tmp/ab_${t}_$i --shapes 4x1024 --paged \
      --formats "" --no-seed --no-bmm --no-host-overhead --json-only --reps 40 --copy-reps 5 --label "v18bf16_$t") 2>&1 \
      | grep -E "^\[paged" | sed "s/^/$t$i /" | cut -c1-200
   cp /tmp/ab_${t}_$i/latest.json $OUT/ab_${t}_$i.json
