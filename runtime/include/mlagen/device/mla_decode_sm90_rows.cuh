@@ -352,19 +352,19 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
     uint32_t voff[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) voff[i] = Tile::kv_at(2 * t + (i % 2) + 8 * (i / 2), dv);
-    auto v_frags = [&](uint32_t tile, int ks, uint32_t (&a)[4][4]) {
-      uint2 x[4];
+    // V^T fragments: each thread's 8 dims of tokens 2 t + {0, 1, 8, 9} of k-step ks (one 8-byte
+    // load a token), then, per m64 block mb, byte mb of each 4-dim word pairs the two tokens
+    // (prmt) and widens to f16x2 (cvt.f16x2.e4m3x2, exact)
+    auto v_load = [&](uint32_t tile, int ks, uint2 (&x)[4]) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) x[i] = lds64(tile + voff[i] + ks * 2048);
-      uint32_t d[4][4];
-      v_pairs_to_f16x2(x[0].x, x[1].x, d[0]);
-      v_pairs_to_f16x2(x[0].y, x[1].y, d[1]);
-      v_pairs_to_f16x2(x[2].x, x[3].x, d[2]);
-      v_pairs_to_f16x2(x[2].y, x[3].y, d[3]);
-#pragma unroll
-      for (int mb = 0; mb < 4; ++mb)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) a[mb][r] = d[r][mb];
+    };
+    auto v_convert = [&](const uint2 (&x)[4], int mb, uint32_t (&am)[4]) {
+      const uint32_t sel = ((4 + mb) << 4) | mb;
+      am[0] = e4m3x2_f2fp(static_cast<uint16_t>(__byte_perm(x[0].x, x[1].x, sel)));
+      am[1] = e4m3x2_f2fp(static_cast<uint16_t>(__byte_perm(x[0].y, x[1].y, sel)));
+      am[2] = e4m3x2_f2fp(static_cast<uint16_t>(__byte_perm(x[2].x, x[3].x, sel)));
+      am[3] = e4m3x2_f2fp(static_cast<uint16_t>(__byte_perm(x[2].y, x[3].y, sel)));
     };
     for (int it = 0; it < ntiles; ++it) {
       mbarrier_wait(full(it % 2), (it / 2) & 1);
@@ -380,21 +380,25 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
             for (int i = 0; i < 4; ++i) o[mb][4 * j + i] *= (i % 2) ? f.y : f.x;
         }
       const uint64_t p_desc = wgmma_desc(s_p + (it % 2) * L::kPBytes, L::kPLbo, L::kPSbo);
+      // One commit group a wgmma: block mb's fragment for k-step ks is rebuilt as soon as k-step
+      // ks - 1's wgmma of block mb is done (wait<3>: the three issued after it may fly), so the
+      // tensor cores always hold three of this group's wgmmas while it converts the next fragment
+      uint2 x[4];
       uint32_t a[4][4];
+      v_load(tile, 0, x);
 #pragma unroll
-      for (int ks = 0; ks < BN / 16; ++ks) {
-        if (ks > 0) wgmma_wait<0>();
-        v_frags(tile, ks, a);
-#pragma unroll
-        for (int mb = 0; mb < 4; ++mb) wgmma_fence_regs(o[mb]), wgmma_fence_regs(a[mb]);
-        wgmma_fence();
+      for (int ks = 0; ks < BN / 16; ++ks)
 #pragma unroll
         for (int mb = 0; mb < 4; ++mb) {
+          if (ks > 0) wgmma_wait<3>();
+          v_convert(x, mb, a[mb]);
+          if (mb == 3 && ks + 1 < BN / 16) v_load(tile, ks + 1, x);
+          wgmma_fence_regs(o[mb]), wgmma_fence_regs(a[mb]);
+          wgmma_fence();
           if constexpr (R == 64) wgmma_m64n64k16_f16_rs(o[mb], a[mb], wgmma_desc_advance(p_desc, 2 * ks * L::kPLbo));
           else wgmma_m64n32k16_f16_rs(o[mb], a[mb], wgmma_desc_advance(p_desc, 2 * ks * L::kPLbo));
+          wgmma_commit();
         }
-        wgmma_commit();
-      }
       wgmma_wait<0>();
 #pragma unroll
       for (int mb = 0; mb < 4; ++mb) wgmma_fence_regs(o[mb]);
