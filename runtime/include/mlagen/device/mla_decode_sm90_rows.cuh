@@ -55,8 +55,8 @@ struct RowsLayout {
   static constexpr int kEndOffset = kColOffset + kRows * 4;           // [64] causal ends
   static constexpr int kLOffset = kEndOffset + kRows * 4;             // [64] final sums
   static constexpr int kFlagOffset = kLOffset + kRows * 4;            // [2] whether a tile rescaled
-  static constexpr int kBarOffset = kFlagOffset + 2 * 4;              // full[2], empty[2], sums_ready
-  static constexpr int kSmemBytes = kBarOffset + 5 * 8 + Tile::kAlign;
+  static constexpr int kBarOffset = kFlagOffset + 2 * 4;              // full[2], empty[2], sums_ready, kv[stages]
+  static constexpr int kSmemBytes = kBarOffset + (5 + kStages) * 8 + Tile::kAlign;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory over sm_90's 227 KB a block");
   MLAGEN_DEVICE static uint32_t q_at(int row, int byte) {
     return (row / 8) * kQSbo + (byte / 16) * kQLbo + (row % 8) * 16 + byte % 16;
@@ -105,6 +105,7 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
   auto full = [&](int b) { return s_bar + 8 * b; };
   auto empty = [&](int b) { return s_bar + 16 + 8 * b; };
   const uint32_t sums_ready = s_bar + 32;  // group 0's final sums are in l_final
+  auto kv_full = [&](int slot) { return s_bar + 40 + 8 * slot; };  // the O groups' copies of a stage landed
 
   const BlockCoord bc = block_coord<Shape, R>(p);
   allow_dependent_launch();
@@ -120,58 +121,55 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
   if (tid == 0) {
     for (int b = 0; b < 2; ++b) mbarrier_init(full(b), 128), mbarrier_init(empty(b), 256);
     mbarrier_init(sums_ready, 128);
+    for (int b = 0; b < ST; ++b) mbarrier_init(kv_full(b), 256);
     fence_mbarrier_init();
   }
+  __syncthreads();  // the barriers' init, before the O groups' first copies arrive on them
 
-  // ---- group 0's copies: thread -> chunk wt % 8 of rows wt / 8 + 16 i (4 atoms), rope chunk wt % 4 of
-  // rows wt / 4 + 32 i
-  const int c8 = wt % 8, rm = wt / 8, c4 = wt % 4, rr = wt / 4;
+  // ---- the copies, by the O groups (off group 0, whose instructions are each tile's critical
+  // path: docs/perf.md v19). O group oc (thread wt) copies what it alone reads, V dims
+  // 256 oc .. + 255 (atoms 2 oc, 2 oc + 1: chunk wt % 8 of rows wt / 8 + 16 i), and rope rows
+  // 32 oc + wt / 4 (chunk wt % 4), which S read: as soon as its O(j) is done, it refills stage j's
+  // slot with tile j + ST. Each thread's copies arrive on kv_full[slot] when they land (256 a phase).
+  const int oc = grp - 1;
+  const int c8 = wt % 8, rm = wt / 8, c4 = wt % 4, rr = wt / 4 + 32 * oc;
   const uint32_t dst_main = (rm / 8) * 1024 + (rm % 8) * 128 + ((c8 ^ (rm % 8)) * 16);
   const uint32_t dst_rope = Tile::kRopeOffset + (rr / 8) * 512 + (rr % 8) * 64 + ((c4 ^ ((rr % 8) / 2)) * 16);
   const int64_t stride = p.kv_stride_bytes;
-  auto issue_tile = [&](int j) {
-    if (j < ntiles) {
-      const int tok0 = tok_begin + j * BN, rows_left = tok_end - tok0;
-      const uint32_t dst = s_base + (j % ST) * Tile::kStageBytes;
-      if (rows_left >= BN && rows.template tile_contiguous<BN>()) {  // (uniform)
-        // 64 rows back to back: one row address a tile, then fixed steps and immediate offsets
-        // (the general path below costs group 0, whose instructions are the tile's critical
-        // path, about 190 instructions a tile: docs/perf.md v13)
-        const uint8_t* base = rows.ptr(tok0, page_bad);
-        const uint8_t* src = base + rm * stride + c8 * 16;
+  auto issue_tile = [&](int j) {  // (O groups)
+    if (j >= ntiles) return;
+    const int tok0 = tok_begin + j * BN, rows_left = tok_end - tok0;
+    const uint32_t dst = s_base + (j % ST) * Tile::kStageBytes;
+    if (rows_left >= BN && rows.template tile_contiguous<BN>()) {  // (uniform)
+      // 64 rows back to back: one row address a tile, then fixed steps and immediate offsets
+      const uint8_t* base = rows.ptr(tok0, page_bad);
+      const uint8_t* src = base + rm * stride + oc * 256 + c8 * 16;
 #pragma unroll
-        for (int i = 0; i < 4; ++i, src += 16 * stride)
+      for (int i = 0; i < 4; ++i, src += 16 * stride)
 #pragma unroll
-          for (int a = 0; a < 4; ++a)
-            cp_async_16_full(dst + dst_main + i * 2048 + a * Tile::kAtom128Bytes, src + a * 128);
-        src = base + rr * stride + 512 + c4 * 16;
+        for (int a = 0; a < 2; ++a)
+          cp_async_16_full(dst + dst_main + i * 2048 + (2 * oc + a) * Tile::kAtom128Bytes, src + a * 128);
+      cp_async_16_full(dst + dst_rope, base + rr * stride + 512 + c4 * 16);
+    } else {
+      // the sequence's last, short tile (or rows on pages shorter than a tile): row by row,
+      // rows past the end zero-filled
 #pragma unroll
-        for (int i = 0; i < 2; ++i, src += 32 * stride) cp_async_16_full(dst + dst_rope + i * 2048, src);
-      } else {
-        // the sequence's last, short tile (or rows on pages shorter than a tile): row by row,
-        // rows past the end zero-filled
+      for (int i = 0; i < 4; ++i) {
+        const int r = rm + 16 * i;
+        const uint8_t* src = r < rows_left ? rows.ptr(tok0 + r, page_bad) : nullptr;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int r = rm + 16 * i;
-          const uint8_t* src = r < rows_left ? rows.ptr(tok0 + r, page_bad) : nullptr;
-#pragma unroll
-          for (int a = 0; a < 4; ++a)
-            cp_async_16(dst + dst_main + i * 2048 + a * Tile::kAtom128Bytes, src ? src + a * 128 + c8 * 16 : p.kv,
-                        src != nullptr);
-        }
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const int r = rr + 32 * i;
-          const uint8_t* src = r < rows_left ? rows.ptr(tok0 + r, page_bad) : nullptr;
-          cp_async_16(dst + dst_rope + i * 2048, src ? src + 512 + c4 * 16 : p.kv, src != nullptr);
-        }
+        for (int a = 0; a < 2; ++a)
+          cp_async_16(dst + dst_main + i * 2048 + (2 * oc + a) * Tile::kAtom128Bytes,
+                      src ? src + (2 * oc + a) * 128 + c8 * 16 : p.kv, src != nullptr);
       }
+      const uint8_t* src = rr < rows_left ? rows.ptr(tok0 + rr, page_bad) : nullptr;
+      cp_async_16(dst + dst_rope, src ? src + 512 + c4 * 16 : p.kv, src != nullptr);
     }
-    cp_async_commit();
+    cp_async_mbarrier_arrive_noinc(kv_full(j % ST));
   };
-  if (grp == 0)
+  if (grp > 0)
 #pragma unroll
-    for (int j = 0; j < ST - 1; ++j) issue_tile(j);
+    for (int j = 0; j < ST; ++j) issue_tile(j);
 
   // ---- Q, once, by all three groups: rows 16 pass + tid / 8 (pass 0..1 covers 48 rows a pass)
   const QQuant qq = q_setup<T::kQ>(p, q_given);
@@ -209,9 +207,8 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
     // stmatrix: lane -> row lane % 8 of fragment lane / 8 (j = lane / 16, r = lane / 8 % 2) of a group of four
     const uint32_t p_lane = L::p_at(8 * (lane / 16) + lane % 8, 16 * w + 8 * (lane / 8 % 2));
     for (int it = 0; it < ntiles; ++it) {
-      cp_async_wait<ST - 2>();
+      mbarrier_wait(kv_full(it % ST), (it / ST) & 1);  // the O groups' copies of tile it landed
       fence_proxy_async_smem();
-      named_barrier(1, 128);  // every group-0 thread's copies of tile it landed
       const uint32_t tile = s_base + (it % ST) * Tile::kStageBytes;
       float s[L::kSN / 2];
       const uint64_t k_desc = wgmma_desc(tile, 16, 1024, WgmmaSwizzle::k128B);
@@ -236,6 +233,9 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
       wgmma_commit();
       wgmma_wait<0>();
       wgmma_fence_regs(s);
+      // this tile's P, factors and flag go to slot it % 2: tile it - 2's O must be done with it
+      // (long since, as a rule: O(it - 1) ran under this S)
+      if (it >= 2) mbarrier_wait(empty(it % 2), ((it - 2) / 2) & 1);
 
       const int tok0 = tok_begin + it * BN;
       const bool masked = tok0 + BN > min_end;  // (uniform)
@@ -305,12 +305,7 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
         stmatrix_x4_trans(s_pt + p_lane + q4 * 2 * L::kPSbo, ph[4 * q4], ph[4 * q4 + 1], ph[4 * q4 + 2], ph[4 * q4 + 3]);
       fence_proxy_async_smem();
       mbarrier_arrive(full(it % 2));
-      // O(it - 1) done: its KV slot ((it - 1) % ST, the next copies' target) is free, and so is the
-      // P slot that tile it + 1 writes (it last held tile it - 1). The softmax above ran under O(it - 1).
-      if (it >= 1) mbarrier_wait(empty((it - 1) % 2), ((it - 1) / 2) & 1);
-      issue_tile(it + ST - 1);
     }
-    cp_async_wait<0>();
     // l over the 8 row lanes and the 4 warps, for the O groups' epilogue; the rows' states
 #pragma unroll
     for (int k = 0; k < NS; ++k)
@@ -342,7 +337,6 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
   } else {
     // ======== groups 1, 2: O^T of their 256 dims for all 64 rows ============================
     setmaxnreg_inc<176>();
-    const int oc = grp - 1;
     const int dv = 256 * oc + 8 * (8 * w + g);
     float o[4][R / 2];
 #pragma unroll
@@ -403,7 +397,9 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
 #pragma unroll
       for (int mb = 0; mb < 4; ++mb) wgmma_fence_regs(o[mb]);
       mbarrier_arrive(empty(it % 2));
+      issue_tile(it + ST);  // this group's part of slot it % ST is read
     }
+    cp_async_wait<0>();
     mbarrier_wait(sums_ready, 0);  // group 0's sums
     const bool bad = rows.block_any_bad(p, page_bad) || seq.bad;
 #pragma unroll
