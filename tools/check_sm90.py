@@ -34,9 +34,16 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_PATTERNS = ("mla_decode_sm90a_*_bn64*.hip", "mla_decode_sm90a_*_bm*.hip")
 # kernel source (fnmatch) -> (most spill bytes, stores or loads, allowed; why)
-KNOWN_SPILLS = {  # all present at 640134c, the H200-verified build, when this check was written
+KNOWN_SPILLS = {  # first match wins; the mxfp4 ones present at 640134c, when this check was written
+    # The 64-row rows body since its O groups issue the copies (docs/perf.md v19: setmaxnreg 144 for
+    # group 0, 184 for each O group). Every spill is off the per-tile path, read in the SASS:
     "mla_decode_sm90a_b256_kv8192_s1_qbf16_kvfp8e4m3fn_ql4_bn64_st3_bm64.hip":
-        (4, "64-row rows body, bf16 q, causal rows: one 4-byte value beyond group 0's 152 registers"),
+        (268, "64-row rows body, causal rows: group 0's rescale branch (a tile where a row's max grows "
+              "by 2^8) and its epilogue; the O groups' row-by-row copies of the last, short tile"),
+    "mla_decode_sm90a_bany_kvany_sany_q*_kvfp8e4m3fn_bn64*_bm64.hip":
+        (144, "generic 64-row rows body: the O groups' epilogue (runtime shape values reloaded per row)"),
+    "mla_decode_sm90a_*_kvfp8e4m3fn_*_bm64.hip":
+        (16, "64-row rows body: 8-16 bytes around the O groups' row-by-row copies of the last, short tile"),
     "mla_decode_sm90a_bany_kvany_sany_qfp8_kvmxfp4_bn64_st2.hip":
         (12, "generic mxfp4 warpgroup kernel with an fp8 q"),
     "mla_decode_sm90a_bany_kvany_sany_qbf16_kvmxfp4_bn64_st3.hip":

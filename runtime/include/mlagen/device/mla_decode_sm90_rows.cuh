@@ -6,29 +6,34 @@
 // Block = three warpgroups, R = 64 (or 32) query rows, tiles of 64 tokens (the 16-row kernel's
 // swizzled tile in a cp.async ring), warp-specialized:
 //
-//   group 0 (S)     the tile copies; S^T = K Qhl^T for all R rows as one wgmma e4m3 chain
+//   group 0 (S)     S^T = K Qhl^T for all R rows as one wgmma e4m3 chain
 //                   (A = the KV tile, 64 tokens x 576; B = the rows' q as e4m3 hi and lo parts,
 //                   N = 2 R: m64n128k32 / m64n64k32; an fp8 q is exact in hi: N = R); the
 //                   softmax; P^T (f16, by stmatrix) and the rows' rescale factors into a
-//                   two-slot ring. One tile ahead.
+//                   two-slot ring. One tile ahead. At 32 rows also the tile copies.
 //   groups 1, 2 (O) O^T += V^T P^T for dims 256 (c - 1) .. + 255 and all R rows, wgmma
 //                   m64nRk16 f16, A = V^T in registers (each thread's 8 dims of two tokens: one
 //                   8-byte load a token, prmt + cvt.f16x2.e4m3x2, exact), B = P^T: 4 m64 blocks x
-//                   4 k-steps a tile, R * 2 accumulators a thread.
+//                   4 k-steps a tile, R * 2 accumulators a thread; one commit group a wgmma, so
+//                   a block's next fragment is converted while three wgmmas fly. At 64 rows also
+//                   the tile copies: each group its V half and half the rope, refilled as soon as
+//                   its O of that slot is done, landing on per-stage mbarriers (kv_full).
 //
 // Handoff through mbarriers: full[slot] (group 0 wrote tile i's P and factors) and empty[slot]
 // (the O groups are done with tile i, its P slot and its KV slot); tile i uses slot i % 2, phase
-// i / 2. Group 0 waits for O(i - 1) only after tile i's softmax, then refills that KV slot: the
-// O groups hold one ring slot, so the stages are as many as fit beside Q (spec.ROWS_BODY).
+// i / 2. At 32 rows group 0 waits for O(i - 1) only after tile i's softmax, then refills that KV
+// slot; at 64 rows it waits for O(i - 2) before it writes tile i's P slot. The O groups hold one
+// ring slot, so the stages are as many as fit beside Q (spec.ROWS_BODY).
 // Lazy rescale: a row keeps its base while no score passes it by 2^8; the test compares the
 // scores themselves, so the rows' maxima (shuffles, and the exchange between the 4 warps) are
 // met only on a tile that rescales, and only then do the O groups rescale.
-// Group 0's instructions are each tile's critical path (ncu, docs/perf.md v13): whole tiles copy
-// from one row address a thread, and the softmax avoids reductions it does not need.
-// Registers: setmaxnreg 152 (group 0) / 176 (O groups); no spills but 4 bytes in the q_len-4
-// kernel of 256x8192 (make check-sm90 holds the list).
-// Measured (docs/perf.md v13): 267 us at 128 heads, 64x8192 (bf16 q; 243 with an fp8 q), against
-// 310 in v12 and 471 with 16-row blocks; 106 us at 32 heads (32 rows).
+// Group 0's instructions are each tile's critical path (ncu, docs/perf.md v13, v19): whole tiles
+// copy from one row address a thread, the softmax avoids reductions it does not need, and at 64
+// rows the copies are the O groups'.
+// Registers: setmaxnreg 152 (group 0) / 176 (O groups) at 32 rows, 144 / 184 at 64 rows; spills
+// only off the per-tile path (make check-sm90 holds the list).
+// Measured (docs/perf.md v19): 253 us at 128 heads, 64x8192 (bf16 q; 235 with an fp8 q), against
+// 264 in v13, 310 in v12 and 471 with 16-row blocks; 107 us at 32 heads (32 rows).
 // The generic kernel of this body (registry role 3, 64 rows) serves contiguous problems whose
 // heads x q_len is a multiple of 64.
 #pragma once
@@ -55,8 +60,8 @@ struct RowsLayout {
   static constexpr int kEndOffset = kColOffset + kRows * 4;           // [64] causal ends
   static constexpr int kLOffset = kEndOffset + kRows * 4;             // [64] final sums
   static constexpr int kFlagOffset = kLOffset + kRows * 4;            // [2] whether a tile rescaled
-  static constexpr int kBarOffset = kFlagOffset + 2 * 4;              // full[2], empty[2], sums_ready
-  static constexpr int kSmemBytes = kBarOffset + 5 * 8 + Tile::kAlign;
+  static constexpr int kBarOffset = kFlagOffset + 2 * 4;              // full[2], empty[2], sums_ready, kv[stages]
+  static constexpr int kSmemBytes = kBarOffset + (5 + kStages) * 8 + Tile::kAlign;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory over sm_90's 227 KB a block");
   MLAGEN_DEVICE static uint32_t q_at(int row, int byte) {
     return (row / 8) * kQSbo + (byte / 16) * kQLbo + (row % 8) * 16 + byte % 16;
@@ -105,6 +110,12 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
   auto full = [&](int b) { return s_bar + 8 * b; };
   auto empty = [&](int b) { return s_bar + 16 + 8 * b; };
   const uint32_t sums_ready = s_bar + 32;  // group 0's final sums are in l_final
+  auto kv_full = [&](int slot) { return s_bar + 40 + 8 * slot; };  // (kOCopies) a stage's copies landed
+  // Who copies the KV tiles: at 64 rows the O groups (group 0's instructions are each tile's
+  // critical path there, and the copy issue was 11% of them: 64 rows 2.5-4.6% faster); at 32 rows
+  // group 0 (the O groups' k-steps are the shorter path there only while they do not copy:
+  // +2% when they do). docs/perf.md v19.
+  constexpr bool kOCopies = R == 64;
 
   const BlockCoord bc = block_coord<Shape, R>(p);
   allow_dependent_launch();
@@ -120,12 +131,22 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
   if (tid == 0) {
     for (int b = 0; b < 2; ++b) mbarrier_init(full(b), 128), mbarrier_init(empty(b), 256);
     mbarrier_init(sums_ready, 128);
+    if constexpr (kOCopies)
+      for (int b = 0; b < ST; ++b) mbarrier_init(kv_full(b), 256);
     fence_mbarrier_init();
   }
+  if constexpr (kOCopies) __syncthreads();  // the barriers' init, before the first copies arrive on them
 
-  // ---- group 0's copies: thread -> chunk wt % 8 of rows wt / 8 + 16 i (4 atoms), rope chunk wt % 4 of
-  // rows wt / 4 + 32 i
-  const int c8 = wt % 8, rm = wt / 8, c4 = wt % 4, rr = wt / 4;
+  // ---- the copies. kOCopies: O group oc (thread wt) copies what it alone reads, V dims
+  // 256 oc .. + 255 (atoms 2 oc, 2 oc + 1: chunk wt % 8 of rows wt / 8 + 16 i), and rope rows
+  // 32 oc + wt / 4 (chunk wt % 4), which S read; as soon as its O(j) is done it refills stage j's
+  // slot with tile j + ST, and each thread's copies arrive on kv_full[slot] when they land (256 a
+  // phase). Otherwise group 0 copies all of a tile (4 atoms of rows wt / 8 + 16 i, rope rows
+  // wt / 4 + 32 i) in cp.async groups, one tile ahead of its S.
+  const int oc = grp - 1;
+  constexpr int kAtoms = kOCopies ? 2 : 4, kRopeRows = kOCopies ? 1 : 2;
+  const int atom0 = kOCopies ? 2 * oc : 0;
+  const int c8 = wt % 8, rm = wt / 8, c4 = wt % 4, rr = wt / 4 + (kOCopies ? 32 * oc : 0);
   const uint32_t dst_main = (rm / 8) * 1024 + (rm % 8) * 128 + ((c8 ^ (rm % 8)) * 16);
   const uint32_t dst_rope = Tile::kRopeOffset + (rr / 8) * 512 + (rr % 8) * 64 + ((c4 ^ ((rr % 8) / 2)) * 16);
   const int64_t stride = p.kv_stride_bytes;
@@ -135,18 +156,17 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
       const uint32_t dst = s_base + (j % ST) * Tile::kStageBytes;
       if (rows_left >= BN && rows.template tile_contiguous<BN>()) {  // (uniform)
         // 64 rows back to back: one row address a tile, then fixed steps and immediate offsets
-        // (the general path below costs group 0, whose instructions are the tile's critical
-        // path, about 190 instructions a tile: docs/perf.md v13)
+        // (the general path below costs about 190 instructions a tile: docs/perf.md v13)
         const uint8_t* base = rows.ptr(tok0, page_bad);
-        const uint8_t* src = base + rm * stride + c8 * 16;
+        const uint8_t* src = base + rm * stride + atom0 * 128 + c8 * 16;
 #pragma unroll
         for (int i = 0; i < 4; ++i, src += 16 * stride)
 #pragma unroll
-          for (int a = 0; a < 4; ++a)
-            cp_async_16_full(dst + dst_main + i * 2048 + a * Tile::kAtom128Bytes, src + a * 128);
+          for (int a = 0; a < kAtoms; ++a)
+            cp_async_16_full(dst + dst_main + i * 2048 + (atom0 + a) * Tile::kAtom128Bytes, src + a * 128);
         src = base + rr * stride + 512 + c4 * 16;
 #pragma unroll
-        for (int i = 0; i < 2; ++i, src += 32 * stride) cp_async_16_full(dst + dst_rope + i * 2048, src);
+        for (int i = 0; i < kRopeRows; ++i, src += 32 * stride) cp_async_16_full(dst + dst_rope + i * 2048, src);
       } else {
         // the sequence's last, short tile (or rows on pages shorter than a tile): row by row,
         // rows past the end zero-filled
@@ -155,23 +175,24 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
           const int r = rm + 16 * i;
           const uint8_t* src = r < rows_left ? rows.ptr(tok0 + r, page_bad) : nullptr;
 #pragma unroll
-          for (int a = 0; a < 4; ++a)
-            cp_async_16(dst + dst_main + i * 2048 + a * Tile::kAtom128Bytes, src ? src + a * 128 + c8 * 16 : p.kv,
-                        src != nullptr);
+          for (int a = 0; a < kAtoms; ++a)
+            cp_async_16(dst + dst_main + i * 2048 + (atom0 + a) * Tile::kAtom128Bytes,
+                        src ? src + (atom0 + a) * 128 + c8 * 16 : p.kv, src != nullptr);
         }
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
+        for (int i = 0; i < kRopeRows; ++i) {
           const int r = rr + 32 * i;
           const uint8_t* src = r < rows_left ? rows.ptr(tok0 + r, page_bad) : nullptr;
           cp_async_16(dst + dst_rope + i * 2048, src ? src + 512 + c4 * 16 : p.kv, src != nullptr);
         }
       }
+      if constexpr (kOCopies) cp_async_mbarrier_arrive_noinc(kv_full(j % ST));
     }
-    cp_async_commit();
+    if constexpr (!kOCopies) cp_async_commit();  // (one group a call: group 0 waits by count)
   };
-  if (grp == 0)
+  if (grp == (kOCopies ? 1 : 0) || (kOCopies && grp == 2))
 #pragma unroll
-    for (int j = 0; j < ST - 1; ++j) issue_tile(j);
+    for (int j = 0; j < (kOCopies ? ST : ST - 1); ++j) issue_tile(j);
 
   // ---- Q, once, by all three groups: rows 16 pass + tid / 8 (pass 0..1 covers 48 rows a pass)
   const QQuant qq = q_setup<T::kQ>(p, q_given);
@@ -198,7 +219,7 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
 
   if (grp == 0) {
     // ======== group 0: S and the softmax, one tile ahead of the O groups ====================
-    setmaxnreg_dec<152>();
+    setmaxnreg_dec<kOCopies ? 144 : 152>();
     const uint64_t q_desc = wgmma_desc(s_q, L::kQLbo, L::kQSbo);
     const int row0 = 16 * w + g;
     float m[NS], l[NS], cs[NS];  // rows 8 j + 2 t + e, slot k = 2 j + e
@@ -209,9 +230,14 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
     // stmatrix: lane -> row lane % 8 of fragment lane / 8 (j = lane / 16, r = lane / 8 % 2) of a group of four
     const uint32_t p_lane = L::p_at(8 * (lane / 16) + lane % 8, 16 * w + 8 * (lane / 8 % 2));
     for (int it = 0; it < ntiles; ++it) {
-      cp_async_wait<ST - 2>();
-      fence_proxy_async_smem();
-      named_barrier(1, 128);  // every group-0 thread's copies of tile it landed
+      if constexpr (kOCopies) {
+        mbarrier_wait(kv_full(it % ST), (it / ST) & 1);  // the O groups' copies of tile it landed
+        fence_proxy_async_smem();
+      } else {
+        cp_async_wait<ST - 2>();
+        fence_proxy_async_smem();
+        named_barrier(1, 128);  // every group-0 thread's copies of tile it landed
+      }
       const uint32_t tile = s_base + (it % ST) * Tile::kStageBytes;
       float s[L::kSN / 2];
       const uint64_t k_desc = wgmma_desc(tile, 16, 1024, WgmmaSwizzle::k128B);
@@ -236,6 +262,11 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
       wgmma_commit();
       wgmma_wait<0>();
       wgmma_fence_regs(s);
+      // this tile's P, factors and flag go to slot it % 2: tile it - 2's O must be done with it
+      // (long since, as a rule: O(it - 1) ran under this S). Without kOCopies the wait for O(it - 1)
+      // at the end of the last step, before its refill, covered this.
+      if constexpr (kOCopies)
+        if (it >= 2) mbarrier_wait(empty(it % 2), ((it - 2) / 2) & 1);
 
       const int tok0 = tok_begin + it * BN;
       const bool masked = tok0 + BN > min_end;  // (uniform)
@@ -305,12 +336,14 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
         stmatrix_x4_trans(s_pt + p_lane + q4 * 2 * L::kPSbo, ph[4 * q4], ph[4 * q4 + 1], ph[4 * q4 + 2], ph[4 * q4 + 3]);
       fence_proxy_async_smem();
       mbarrier_arrive(full(it % 2));
-      // O(it - 1) done: its KV slot ((it - 1) % ST, the next copies' target) is free, and so is the
-      // P slot that tile it + 1 writes (it last held tile it - 1). The softmax above ran under O(it - 1).
-      if (it >= 1) mbarrier_wait(empty((it - 1) % 2), ((it - 1) / 2) & 1);
-      issue_tile(it + ST - 1);
+      if constexpr (!kOCopies) {
+        // O(it - 1) done: its KV slot ((it - 1) % ST, the next copies' target) is free, and so is
+        // the P slot that tile it + 1 writes. The softmax above ran under O(it - 1).
+        if (it >= 1) mbarrier_wait(empty((it - 1) % 2), ((it - 1) / 2) & 1);
+        issue_tile(it + ST - 1);
+      }
     }
-    cp_async_wait<0>();
+    if constexpr (!kOCopies) cp_async_wait<0>();
     // l over the 8 row lanes and the 4 warps, for the O groups' epilogue; the rows' states
 #pragma unroll
     for (int k = 0; k < NS; ++k)
@@ -341,8 +374,7 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
       }
   } else {
     // ======== groups 1, 2: O^T of their 256 dims for all 64 rows ============================
-    setmaxnreg_inc<176>();
-    const int oc = grp - 1;
+    setmaxnreg_inc<kOCopies ? 184 : 176>();
     const int dv = 256 * oc + 8 * (8 * w + g);
     float o[4][R / 2];
 #pragma unroll
@@ -352,19 +384,19 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
     uint32_t voff[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) voff[i] = Tile::kv_at(2 * t + (i % 2) + 8 * (i / 2), dv);
-    auto v_frags = [&](uint32_t tile, int ks, uint32_t (&a)[4][4]) {
-      uint2 x[4];
+    // V^T fragments: each thread's 8 dims of tokens 2 t + {0, 1, 8, 9} of k-step ks (one 8-byte
+    // load a token), then, per m64 block mb, byte mb of each 4-dim word pairs the two tokens
+    // (prmt) and widens to f16x2 (cvt.f16x2.e4m3x2, exact)
+    auto v_load = [&](uint32_t tile, int ks, uint2 (&x)[4]) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) x[i] = lds64(tile + voff[i] + ks * 2048);
-      uint32_t d[4][4];
-      v_pairs_to_f16x2(x[0].x, x[1].x, d[0]);
-      v_pairs_to_f16x2(x[0].y, x[1].y, d[1]);
-      v_pairs_to_f16x2(x[2].x, x[3].x, d[2]);
-      v_pairs_to_f16x2(x[2].y, x[3].y, d[3]);
-#pragma unroll
-      for (int mb = 0; mb < 4; ++mb)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) a[mb][r] = d[r][mb];
+    };
+    auto v_convert = [&](const uint2 (&x)[4], int mb, uint32_t (&am)[4]) {
+      const uint32_t sel = ((4 + mb) << 4) | mb;
+      am[0] = e4m3x2_f2fp(static_cast<uint16_t>(__byte_perm(x[0].x, x[1].x, sel)));
+      am[1] = e4m3x2_f2fp(static_cast<uint16_t>(__byte_perm(x[0].y, x[1].y, sel)));
+      am[2] = e4m3x2_f2fp(static_cast<uint16_t>(__byte_perm(x[2].x, x[3].x, sel)));
+      am[3] = e4m3x2_f2fp(static_cast<uint16_t>(__byte_perm(x[2].y, x[3].y, sel)));
     };
     for (int it = 0; it < ntiles; ++it) {
       mbarrier_wait(full(it % 2), (it / 2) & 1);
@@ -380,26 +412,32 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
             for (int i = 0; i < 4; ++i) o[mb][4 * j + i] *= (i % 2) ? f.y : f.x;
         }
       const uint64_t p_desc = wgmma_desc(s_p + (it % 2) * L::kPBytes, L::kPLbo, L::kPSbo);
+      // One commit group a wgmma: block mb's fragment for k-step ks is rebuilt as soon as k-step
+      // ks - 1's wgmma of block mb is done (wait<3>: the three issued after it may fly), so the
+      // tensor cores always hold three of this group's wgmmas while it converts the next fragment
+      uint2 x[4];
       uint32_t a[4][4];
+      v_load(tile, 0, x);
 #pragma unroll
-      for (int ks = 0; ks < BN / 16; ++ks) {
-        if (ks > 0) wgmma_wait<0>();
-        v_frags(tile, ks, a);
-#pragma unroll
-        for (int mb = 0; mb < 4; ++mb) wgmma_fence_regs(o[mb]), wgmma_fence_regs(a[mb]);
-        wgmma_fence();
+      for (int ks = 0; ks < BN / 16; ++ks)
 #pragma unroll
         for (int mb = 0; mb < 4; ++mb) {
+          if (ks > 0) wgmma_wait<3>();
+          v_convert(x, mb, a[mb]);
+          if (mb == 3 && ks + 1 < BN / 16) v_load(tile, ks + 1, x);
+          wgmma_fence_regs(o[mb]), wgmma_fence_regs(a[mb]);
+          wgmma_fence();
           if constexpr (R == 64) wgmma_m64n64k16_f16_rs(o[mb], a[mb], wgmma_desc_advance(p_desc, 2 * ks * L::kPLbo));
           else wgmma_m64n32k16_f16_rs(o[mb], a[mb], wgmma_desc_advance(p_desc, 2 * ks * L::kPLbo));
+          wgmma_commit();
         }
-        wgmma_commit();
-      }
       wgmma_wait<0>();
 #pragma unroll
       for (int mb = 0; mb < 4; ++mb) wgmma_fence_regs(o[mb]);
       mbarrier_arrive(empty(it % 2));
+      if constexpr (kOCopies) issue_tile(it + ST);  // this group's part of slot it % ST is read
     }
+    if constexpr (kOCopies) cp_async_wait<0>();
     mbarrier_wait(sums_ready, 0);  // group 0's sums
     const bool bad = rows.block_any_bad(p, page_bad) || seq.bad;
 #pragma unroll

@@ -38,6 +38,11 @@ MLAGEN_DEVICE void cp_async_16_full(uint32_t dst, const void* src) {
 MLAGEN_DEVICE void cp_async_4(uint32_t dst, const void* src, bool pred) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(pred ? 4 : 0) : "memory");
 }
+// An arrive on `bar` once every cp.async this thread issued before it has landed (.noinc: the
+// arrival counts against the barrier's expected count, set at init).
+MLAGEN_DEVICE void cp_async_mbarrier_arrive_noinc(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
 MLAGEN_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 MLAGEN_DEVICE void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
