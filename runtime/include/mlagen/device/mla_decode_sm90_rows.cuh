@@ -30,8 +30,10 @@
 // Group 0's instructions are each tile's critical path (ncu, docs/perf.md v13, v19): whole tiles
 // copy from one row address a thread, the softmax avoids reductions it does not need, and at 64
 // rows the copies are the O groups'.
-// Registers: setmaxnreg 152 (group 0) / 176 (O groups) at 32 rows, 144 / 184 at 64 rows; spills
-// only off the per-tile path (make check-sm90 holds the list).
+// Registers: setmaxnreg 152 (group 0) / 176 (each O group): the whole of what the block was
+// launched with (168 x 384, RowsLayout::kRegsS); at 64 rows a few 4-8 byte reloads a tile (the
+// O groups' copy issue; group 0 in the causal 256x8192 kernel), the rest off the loop
+// (make check-sm90 holds the list).
 // Measured (docs/perf.md v19): 253 us at 128 heads, 64x8192 (bf16 q; 235 with an fp8 q), against
 // 264 in v13, 310 in v12 and 471 with 16-row blocks; 107 us at 32 heads (32 rows).
 // The generic kernel of this body (registry role 3, 64 rows) serves contiguous problems whose
@@ -63,6 +65,11 @@ struct RowsLayout {
   static constexpr int kBarOffset = kFlagOffset + 2 * 4;              // full[2], empty[2], sums_ready, kv[stages]
   static constexpr int kSmemBytes = kBarOffset + (5 + kStages) * 8 + Tile::kAlign;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory over sm_90's 227 KB a block");
+  // setmaxnreg moves registers within the block's launch allocation (ptxas: 65536 / 384 threads,
+  // rounded down to 8: 168 a thread); the warpgroups' counts after it must fit in it, or an O
+  // group's setmaxnreg.inc waits forever (144 / 184 / 184 = 512 > 504 hung the block)
+  static constexpr int kRegsS = 152, kRegsO = 176, kRegsAtLaunch = 65536 / kThreads / 8 * 8;
+  static_assert(kRegsS + 2 * kRegsO <= 3 * kRegsAtLaunch, "setmaxnreg over the block's registers");
   MLAGEN_DEVICE static uint32_t q_at(int row, int byte) {
     return (row / 8) * kQSbo + (byte / 16) * kQLbo + (row % 8) * 16 + byte % 16;
   }
@@ -144,29 +151,28 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
   // phase). Otherwise group 0 copies all of a tile (4 atoms of rows wt / 8 + 16 i, rope rows
   // wt / 4 + 32 i) in cp.async groups, one tile ahead of its S.
   const int oc = grp - 1;
-  constexpr int kAtoms = kOCopies ? 2 : 4, kRopeRows = kOCopies ? 1 : 2;
-  const int atom0 = kOCopies ? 2 * oc : 0;
   const int c8 = wt % 8, rm = wt / 8, c4 = wt % 4, rr = wt / 4 + (kOCopies ? 32 * oc : 0);
   const uint32_t dst_main = (rm / 8) * 1024 + (rm % 8) * 128 + ((c8 ^ (rm % 8)) * 16);
   const uint32_t dst_rope = Tile::kRopeOffset + (rr / 8) * 512 + (rr % 8) * 64 + ((c4 ^ ((rr % 8) / 2)) * 16);
   const int64_t stride = p.kv_stride_bytes;
-  auto issue_tile = [&](int j) {
+  auto issue_tile_g0 = [&](int j) {  // (group 0, 32 rows)
     if (j < ntiles) {
       const int tok0 = tok_begin + j * BN, rows_left = tok_end - tok0;
       const uint32_t dst = s_base + (j % ST) * Tile::kStageBytes;
       if (rows_left >= BN && rows.template tile_contiguous<BN>()) {  // (uniform)
         // 64 rows back to back: one row address a tile, then fixed steps and immediate offsets
-        // (the general path below costs about 190 instructions a tile: docs/perf.md v13)
+        // (the general path below costs group 0, whose instructions are the tile's critical
+        // path, about 190 instructions a tile: docs/perf.md v13)
         const uint8_t* base = rows.ptr(tok0, page_bad);
-        const uint8_t* src = base + rm * stride + atom0 * 128 + c8 * 16;
+        const uint8_t* src = base + rm * stride + c8 * 16;
 #pragma unroll
         for (int i = 0; i < 4; ++i, src += 16 * stride)
 #pragma unroll
-          for (int a = 0; a < kAtoms; ++a)
-            cp_async_16_full(dst + dst_main + i * 2048 + (atom0 + a) * Tile::kAtom128Bytes, src + a * 128);
+          for (int a = 0; a < 4; ++a)
+            cp_async_16_full(dst + dst_main + i * 2048 + a * Tile::kAtom128Bytes, src + a * 128);
         src = base + rr * stride + 512 + c4 * 16;
 #pragma unroll
-        for (int i = 0; i < kRopeRows; ++i, src += 32 * stride) cp_async_16_full(dst + dst_rope + i * 2048, src);
+        for (int i = 0; i < 2; ++i, src += 32 * stride) cp_async_16_full(dst + dst_rope + i * 2048, src);
       } else {
         // the sequence's last, short tile (or rows on pages shorter than a tile): row by row,
         // rows past the end zero-filled
@@ -175,22 +181,56 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
           const int r = rm + 16 * i;
           const uint8_t* src = r < rows_left ? rows.ptr(tok0 + r, page_bad) : nullptr;
 #pragma unroll
-          for (int a = 0; a < kAtoms; ++a)
-            cp_async_16(dst + dst_main + i * 2048 + (atom0 + a) * Tile::kAtom128Bytes,
-                        src ? src + (atom0 + a) * 128 + c8 * 16 : p.kv, src != nullptr);
+          for (int a = 0; a < 4; ++a)
+            cp_async_16(dst + dst_main + i * 2048 + a * Tile::kAtom128Bytes, src ? src + a * 128 + c8 * 16 : p.kv,
+                        src != nullptr);
         }
 #pragma unroll
-        for (int i = 0; i < kRopeRows; ++i) {
+        for (int i = 0; i < 2; ++i) {
           const int r = rr + 32 * i;
           const uint8_t* src = r < rows_left ? rows.ptr(tok0 + r, page_bad) : nullptr;
           cp_async_16(dst + dst_rope + i * 2048, src ? src + 512 + c4 * 16 : p.kv, src != nullptr);
         }
       }
-      if constexpr (kOCopies) cp_async_mbarrier_arrive_noinc(kv_full(j % ST));
     }
-    if constexpr (!kOCopies) cp_async_commit();  // (one group a call: group 0 waits by count)
+    cp_async_commit();
   };
-  if (grp == (kOCopies ? 1 : 0) || (kOCopies && grp == 2))
+  auto issue_tile_o = [&](int j) {  // (the O groups, 64 rows)
+    if (j >= ntiles) return;
+    const int tok0 = tok_begin + j * BN, rows_left = tok_end - tok0;
+    const uint32_t dst = s_base + (j % ST) * Tile::kStageBytes;
+    if (rows_left >= BN && rows.template tile_contiguous<BN>()) {  // (uniform)
+      // 64 rows back to back: one row address a tile, then fixed steps and immediate offsets
+      const uint8_t* base = rows.ptr(tok0, page_bad);
+      const uint8_t* src = base + rm * stride + oc * 256 + c8 * 16;
+#pragma unroll
+      for (int i = 0; i < 4; ++i, src += 16 * stride)
+#pragma unroll
+        for (int a = 0; a < 2; ++a)
+          cp_async_16_full(dst + dst_main + i * 2048 + (2 * oc + a) * Tile::kAtom128Bytes, src + a * 128);
+      cp_async_16_full(dst + dst_rope, base + rr * stride + 512 + c4 * 16);
+    } else {
+      // the sequence's last, short tile (or rows on pages shorter than a tile): row by row,
+      // rows past the end zero-filled
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int r = rm + 16 * i;
+        const uint8_t* src = r < rows_left ? rows.ptr(tok0 + r, page_bad) : nullptr;
+#pragma unroll
+        for (int a = 0; a < 2; ++a)
+          cp_async_16(dst + dst_main + i * 2048 + (2 * oc + a) * Tile::kAtom128Bytes,
+                      src ? src + (2 * oc + a) * 128 + c8 * 16 : p.kv, src != nullptr);
+      }
+      const uint8_t* src = rr < rows_left ? rows.ptr(tok0 + rr, page_bad) : nullptr;
+      cp_async_16(dst + dst_rope, src ? src + 512 + c4 * 16 : p.kv, src != nullptr);
+    }
+    cp_async_mbarrier_arrive_noinc(kv_full(j % ST));
+  };
+  auto issue_tile = [&](int j) {
+    if constexpr (kOCopies) issue_tile_o(j);
+    else issue_tile_g0(j);
+  };
+  if (kOCopies ? grp > 0 : grp == 0)
 #pragma unroll
     for (int j = 0; j < (kOCopies ? ST : ST - 1); ++j) issue_tile(j);
 
@@ -219,7 +259,7 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
 
   if (grp == 0) {
     // ======== group 0: S and the softmax, one tile ahead of the O groups ====================
-    setmaxnreg_dec<kOCopies ? 144 : 152>();
+    setmaxnreg_dec<L::kRegsS>();
     const uint64_t q_desc = wgmma_desc(s_q, L::kQLbo, L::kQSbo);
     const int row0 = 16 * w + g;
     float m[NS], l[NS], cs[NS];  // rows 8 j + 2 t + e, slot k = 2 j + e
@@ -374,7 +414,7 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
       }
   } else {
     // ======== groups 1, 2: O^T of their 256 dims for all 64 rows ============================
-    setmaxnreg_inc<kOCopies ? 184 : 176>();
+    setmaxnreg_inc<L::kRegsO>();
     const int dv = 256 * oc + 8 * (8 * w + g);
     float o[4][R / 2];
 #pragma unroll
