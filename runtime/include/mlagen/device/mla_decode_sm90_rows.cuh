@@ -155,6 +155,9 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
   const uint32_t dst_main = (rm / 8) * 1024 + (rm % 8) * 128 + ((c8 ^ (rm % 8)) * 16);
   const uint32_t dst_rope = Tile::kRopeOffset + (rr / 8) * 512 + (rr % 8) * 64 + ((c4 ^ ((rr % 8) / 2)) * 16);
   const int64_t stride = p.kv_stride_bytes;
+  // Two copy routines, not one with kAtoms / kRopeRows parameters: each is the text of the build
+  // whose tests ran on the H200, and the parameterized one compiled to other SASS (docs/perf.md
+  // v19); folding them is a change to measure and test.
   auto issue_tile_g0 = [&](int j) {  // (group 0, 32 rows)
     if (j < ntiles) {
       const int tok0 = tok_begin + j * BN, rows_left = tok_end - tok0;
