@@ -176,6 +176,8 @@ ROWS_CASES = [  # (heads, q lengths, kv lengths, splits, page)
     (16, [4, 4, 4], [1000, 1000, 1000], 0, 0),
     # the 32-row rows body (block_m 32): b3_kv1000 ql2, short last tiles
     (16, [2, 2, 2], [1000, 1000, 1000], 0, 0),
+    # the generic 32-row body: 8 heads x 4 tokens, lengths shorter than a tile and than q_len
+    (8, [4, 4, 4], [700, 3, 129], 0, 0),
 ]
 
 

@@ -11,7 +11,7 @@ import re
 from typing import Iterable
 
 from .spec import (ANY, ARCHS, IMPLEMENTED, NATIVE_FP8_TARGET_BLOCKS, ROWS_BODY_TARGET_BLOCKS, KernelSpec,
-                   SpecError, default_tiles, row_groups, rows_body_tiles)
+                   SpecError, default_tiles, row_groups, rows_body_tiles, ROWS_BODY_BLOCK_MS)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TUNING_FILE = os.path.join(HERE, "tuning.json")
@@ -44,12 +44,13 @@ PAGED_SPECIALIZED = {"sm90a": dict(dtypes=(("bf16", "fp8e4m3fn"), ("bf16", "bf16
 # test_rows_body_matches_float64).
 ROWS_SPECIALIZED = {"sm90a": {(128, 1): ((("bf16", "fp8e4m3fn"), ("fp8", "fp8e4m3fn")), ((64, 8192), (128, 4096), (2, 1000))),
                               (64, 1): ((("bf16", "fp8e4m3fn"),), ((64, 8192),)),
-                              (32, 1): ((("bf16", "fp8e4m3fn"),), ((64, 8192),)),
-                              (16, 2): ((("bf16", "fp8e4m3fn"),), ((32, 8192), (64, 8192), (256, 8192), (3, 1000))),
+                              (32, 1): ((("bf16", "fp8e4m3fn"), ("fp8", "fp8e4m3fn")), ((64, 8192),)),
+                              (16, 2): ((("bf16", "fp8e4m3fn"), ("fp8", "fp8e4m3fn")), ((32, 8192), (64, 8192), (256, 8192), (3, 1000))),
                               (16, 4): ((("bf16", "fp8e4m3fn"),), ((32, 8192), (64, 8192), (256, 8192), (3, 1000)))}}
 # The rows body (spec.ROWS_BODY): the specialized kernels above whose heads x q_len is a multiple
-# of 64 take it, and so does a generic kernel (role 3) that the runtime takes instead of the
-# generic kernel for contiguous problems with such rows (any lengths).
+# of 32 take it (64 rows a block where 64 divides them), and so do two generic kernels (role 3,
+# block_m 64 and 32) that the runtime takes instead of the generic kernel for contiguous problems
+# with such rows (any lengths; the larger block first).
 # Tile choices built as generic kernels besides the default, so `make tune` can measure
 # them on any shape without regenerating: (block_n, stages) per (arch, kv dtype).
 TUNING_TILES = {("sm90a", "fp8e4m3fn"): ((32, 3), (32, 4), (32, 6), (64, 3)),
@@ -105,8 +106,8 @@ def heuristic_params(arch: str, batch: int, kv_len: int, kv_dtype: str = "fp8e4m
 
 
 def rows_params(arch: str, batch: int, kv_len: int, q_dtype: str, kv_dtype: str, heads: int, q_len: int) -> dict:
-    """A query-rows kernel's tiling: the rows body (64 rows a block, one block an SM) where it
-    applies (sm90a fp8 KV, heads x q_len a multiple of 64), else the 16-row body's heuristic."""
+    """A query-rows kernel's tiling: the rows body (64 or 32 rows a block, one block an SM) where it
+    applies (sm90a fp8 KV, heads x q_len a multiple of 32), else the 16-row body's heuristic."""
     rows = heads * q_len
     tiles = rows_body_tiles(arch, q_dtype, kv_dtype, rows)
     if tiles:
@@ -154,9 +155,10 @@ def build_catalog(shapes: Iterable[tuple[int, int]] | None = None,
         specialized = (dtypes or DEFAULT_DTYPES)[arch]
         for q_dtype, kv_dtype in dict.fromkeys(specialized + GENERIC_DTYPES.get(arch, ())):
             specs.append(generic_spec(arch, q_dtype, kv_dtype))
-            rows_tiles = rows_body_tiles(arch, q_dtype, kv_dtype)
-            if rows_tiles:  # the generic rows body (role 3): 64..128 rows a sequence
-                specs.append(KernelSpec(arch, ANY, ANY, ANY, q_dtype, kv_dtype, **rows_tiles))
+            for block_m in ROWS_BODY_BLOCK_MS:  # the generic rows bodies (role 3): rows in blocks of 32 or 64
+                rows_tiles = rows_body_tiles(arch, q_dtype, kv_dtype, block_m=block_m)
+                if rows_tiles:
+                    specs.append(KernelSpec(arch, ANY, ANY, ANY, q_dtype, kv_dtype, **rows_tiles))
             if q_dtype == "bf16":  # tile candidates: the q format does not change the tiling
                 for block_n, stages in TUNING_TILES.get((arch, kv_dtype), ()):
                     specs.append(KernelSpec(arch, ANY, ANY, ANY, q_dtype, kv_dtype, block_n=block_n, stages=stages))

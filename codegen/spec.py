@@ -68,8 +68,8 @@ NUM_HEADS = (8, 16, 32, 64, 128)  # what the kernels take (shapes.cuh QueryRows:
 ROWS_A_BLOCK = 16  # query rows a row group (shapes.cuh QueryRows::kRows): the block of every body but the rows one
 # block_m 32 / 64: the sm90a rows body (runtime/include/mlagen/device/mla_decode_sm90_rows.cuh),
 # three warpgroups (S, and O by halves) over 32 or 64 query rows, fp8 KV in tiles of 64, one block an SM
-ROWS_BODY_BLOCK_M = 64  # the generic rows kernel's, and the rows of 64 and more
-ROWS_BODY_BLOCK_MS = (32, 64)  # 32: heads x q_len of 32 (32 heads, or 16 heads x 2 tokens)
+ROWS_BODY_BLOCK_M = 64  # the rows of 64 and more
+ROWS_BODY_BLOCK_MS = (32, 64)  # 32: heads x q_len of 32 (32 heads, or 16 heads x 2 tokens); a generic kernel each
 # (arch, kv dtype) -> the rows body's tiles: where it exists, and what its kernels are built with.
 # Stages by (block_m, q dtype), also the validation's limit: the O groups hold one ring slot while
 # S reads the next, so the body wants several 36 KB stages beside Q (block_m x 576 bytes, twice for
@@ -80,15 +80,17 @@ ROWS_BODY = {("sm90a", "fp8e4m3fn"): dict(block_n=WARPGROUP_BLOCK_N,
                                           stages={(64, "bf16"): 3, (64, "fp8"): 4, (32, "bf16"): 4, (32, "fp8"): 5})}
 
 
-def rows_body_tiles(arch: str, q_dtype: str, kv_dtype: str, rows: int | None = None) -> dict | None:
+def rows_body_tiles(arch: str, q_dtype: str, kv_dtype: str, rows: int | None = None,
+                    block_m: int | None = None) -> dict | None:
     """The rows body's KernelSpec tiles (block_n, stages, block_m) for these formats and
-    heads x q_len rows (None: the generic rows kernel, block_m 64), or None where it does not
-    apply."""
+    heads x q_len rows (the largest block_m that divides them), or for block_m itself (a generic
+    rows kernel), or None where it does not apply."""
     tiles = ROWS_BODY.get((arch, kv_dtype))
     if tiles is None:
         return None
-    block_m = (ROWS_BODY_BLOCK_M if rows is None
-               else next((m for m in sorted(ROWS_BODY_BLOCK_MS, reverse=True) if rows % m == 0), None))
+    if block_m is None:
+        rows = ROWS_BODY_BLOCK_M if rows is None else rows
+        block_m = next((m for m in sorted(ROWS_BODY_BLOCK_MS, reverse=True) if rows % m == 0), None)
     if block_m is None:
         return None
     return dict(block_n=tiles["block_n"], stages=tiles["stages"][(block_m, q_dtype)], block_m=block_m)
@@ -229,7 +231,7 @@ class KernelSpec:
     def key(self) -> tuple:
         """What the runtime looks a problem up by: everything but the tuning choices
         (tuning candidates are told apart by their tiles)."""
-        tiles = (self.block_n, self.stages) if self.role == 2 else ("rows",) if self.role == 3 else ()
+        tiles = (self.block_n, self.stages) if self.role == 2 else ("rows", self.block_m) if self.role == 3 else ()
         return (self.arch, self.batch, self.kv_len, self.q_dtype, self.kv_dtype,
                 self.num_heads, self.q_len, self.page_size) + tiles
 
@@ -312,8 +314,6 @@ class KernelSpec:
             if not tiles or self.block_n != tiles["block_n"]:
                 bad("block_m", f"{ROWS_A_BLOCK} except for {', '.join(f'{a} {k}' for a, k in ROWS_BODY)} KV with "
                                f"block_n {WARPGROUP_BLOCK_N} (the rows body)")
-            if self.generic and self.block_m != ROWS_BODY_BLOCK_M:
-                bad("block_m", f"{ROWS_BODY_BLOCK_M} for the generic rows kernel")
             if not self.generic and (self.num_heads * self.q_len) % self.block_m:
                 bad("block_m", f"{ROWS_A_BLOCK} unless the kernel's heads x q_len is a multiple of {self.block_m} "
                                "(the generic rows kernel: checked at run time)")

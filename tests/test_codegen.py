@@ -224,11 +224,17 @@ def test_rows_body_specs_round_trip_and_validate():
         return 16 if k.kv_dtype != "fp8e4m3fn" else 64 if r % 64 == 0 else 32 if r % 32 == 0 else 16
     assert rows and all(k.block_m == expected(k) for k in rows), [(k.name, k.block_m) for k in rows]
     assert any(k.block_m == 32 for k in rows)
-    # block_m 32: heads x q_len a multiple of 32, its own stage limits, not for the generic kernel
+    # block_m 32: heads x q_len a multiple of 32, its own stage limits; a generic kernel of its own
     s32 = KernelSpec("sm90a", 64, 8192, 2, "bf16", "fp8e4m3fn", num_heads=32, block_n=64, stages=4, block_m=32)
     assert s32.name.endswith("_h32_bn64_bm32") and KernelSpec.parse(s32.name) == s32
     assert "/*rows=*/32" in tiling_expr(s32)
-    for kw in (dict(num_heads=16), dict(stages=5), dict(batch=0, kv_len=0, splits=0, num_heads=16)):
+    g32 = KernelSpec("sm90a", 0, 0, 0, "bf16", "fp8e4m3fn", block_n=64, stages=4, block_m=32)
+    assert g32.name.endswith("_bany_kvany_sany_qbf16_kvfp8e4m3fn_bn64_bm32") and KernelSpec.parse(g32.name) == g32
+    assert g32.role == 3 and g32.key != KernelSpec("sm90a", 0, 0, 0, "bf16", "fp8e4m3fn", block_n=64, stages=3,
+                                                     block_m=64).key
+    generic_rows = sorted((k.q_dtype, k.block_m) for k in build_catalog(archs=["sm90a"]) if k.role == 3)
+    assert generic_rows == [("bf16", 32), ("bf16", 64), ("fp8", 32), ("fp8", 64)], generic_rows
+    for kw in (dict(num_heads=16), dict(stages=5)):
         with pytest.raises(SpecError, match="block_m|stages"):
             KernelSpec(**{**dict(arch="sm90a", batch=64, kv_len=8192, splits=2, kv_dtype="fp8e4m3fn", num_heads=32,
                                  block_n=64, stages=4, block_m=32), **kw})

@@ -189,7 +189,7 @@ def exact_causal_inputs(heads, q_len, kv_lens, seed, grid):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("heads,q_len", [(16, 4), (128, 2), (8, 3), (64, 4)])
+@pytest.mark.parametrize("heads,q_len", [(16, 4), (128, 2), (8, 3), (64, 4), (16, 2), (8, 4)])
 def test_causal_mask_exact(heads, q_len, fmt):
     seed = fresh_seed()
     kv_lens = [129, 64, 1000, 13]
@@ -268,6 +268,42 @@ def test_rows_body_matches_float64():
                                      torch.float64)[1]
             assert (lse.double() - lse64).abs().max().item() < 2e-2, f"seed {seed} {spec['name']}: LSE off"
         print(f"{spec['name']}: rel_l2 {err:.2e} vs float32 (seed {seed})")
+
+
+@pytest.mark.parametrize("q_dtype", ["bf16", "fp8"])
+@pytest.mark.parametrize("heads,q_len,block_m", [(32, 1, 32), (16, 2, 32), (8, 4, 32), (32, 3, 32), (64, 1, 64),
+                                                 (16, 4, 64)])
+def test_generic_rows_bodies_match_float64(heads, q_len, block_m, q_dtype):
+    """Shapes no kernel is specialized for: heads x q_len a multiple of 64 takes the generic 64-row
+    body, of 32 the generic 32-row one (registry role 3), with lengths around tile edges (a last
+    tile some tokens cannot see, a sequence shorter than q_len) and a length that splits; judged
+    per (token, head) row (check()), the fp8 q against the q it multiplies."""
+    seed = fresh_seed()
+    rows = Rows(heads, [q_len] * 5, [1300, 65, 2, 129, 777], seed)
+    kw = dict(q_dtype="fp8") if q_dtype == "fp8" else {}
+    out, lse = rows.run("fp8", lse=True, **kw)
+    k = mlagen.last_kernel()
+    assert k["role"] == "generic_rows" and k["name"].endswith(f"_bm{block_m}"), k
+    if kw:
+        q8, qs = quantize_fp8(rows.q)
+        rows.q = (q8.float() * qs).to(torch.float32)
+        ref32, _ = causal_reference(rows.q, rows.seen("fp8"), rows.q_lens, rows.kv_lens, torch.float32)
+        tol = TOLERANCES[("fp8e4m3fn", "same_inputs")]["rel_l2"]
+        assert not out.isnan().any(), f"seed {seed}: NaN in the output"
+        for r in range(out.shape[0]):
+            for h in range(heads):
+                if ref32[r, h].abs().amax() == 0:
+                    assert (out[r, h] == 0).all(), f"seed {seed}: row {r} head {h} sees no key, not zeros"
+                    continue
+                e = rel_l2(out[r, h], ref32[r, h])
+                assert e <= 4 * tol, f"seed {seed} {k['name']} row {r} head {h}: rel_l2 {e:.2e} vs float32"
+        lse64 = causal_reference(rows.q.double(), rows.seen("fp8").double(), rows.q_lens, rows.kv_lens,
+                                 torch.float64)[1]
+        fin = torch.isfinite(lse64)
+        assert (lse[~fin] == -math.inf).all(), f"seed {seed}: LSE of rows with no key must be -inf"
+        assert (lse[fin].double() - lse64[fin]).abs().max().item() < 2e-2, f"seed {seed} {k['name']}: LSE off"
+    else:
+        check(rows, out, "fp8", seed, lse)
 
 
 @pytest.mark.parametrize("heads,q_len,batch,kv_len", [(128, 1, 2, 1000), (64, 1, 3, 2900), (16, 4, 3, 1000),

@@ -338,23 +338,24 @@ def test_row_shapes_select_their_specialized_kernel(heads, q_len, batch, kv_len,
     assert _lib.select(Problem.make(48, 2048, num_heads=heads, q_len=q_len))["generic"]
 
 
-@pytest.mark.parametrize("heads,q_len,rows_body", [(128, 1, True), (64, 3, True), (16, 4, True), (32, 2, True),
-                                                   (16, 1, False), (32, 1, False), (8, 4, False), (16, 3, False)])
-def test_generic_rows_kernel_takes_rows_in_blocks_of_64(heads, q_len, rows_body):
+@pytest.mark.parametrize("heads,q_len,block_m", [(128, 1, 64), (64, 3, 64), (16, 4, 64), (32, 2, 64),
+                                                 (32, 1, 32), (8, 4, 32), (16, 2, 32), (32, 3, 32),
+                                                 (16, 1, 0), (8, 2, 0), (16, 3, 0), (8, 3, 0)])
+def test_generic_rows_kernel_takes_rows_in_blocks_of_64_then_32(heads, q_len, block_m):
     """Without a specialization, heads x q_len a multiple of 64 on contiguous fp8 KV takes the
-    generic rows-body kernel (role 3, block_m 64), with splits by its 64-row blocks; every other
-    problem, and paged ones, the generic kernel."""
+    generic 64-row rows-body kernel (role 3, block_m 64), a multiple of 32 the 32-row one, with
+    splits by their blocks; every other problem, and paged ones, the generic kernel."""
     got = _lib.select(Problem.make(48, 2048, num_heads=heads, q_len=q_len))
-    assert got["generic"] and got["role"] == ("generic_rows" if rows_body else "generic"), got
-    if rows_body:
-        assert got["name"].endswith("_bn64_st3_bm64")
-        blocks = 48 * heads * q_len // 64
+    assert got["generic"] and got["role"] == ("generic_rows" if block_m else "generic"), got
+    if block_m:
+        assert got["name"].endswith({64: "_bn64_st3_bm64", 32: "_bn64_bm32"}[block_m]), got["name"]
+        blocks = 48 * heads * q_len // block_m
         assert got["splits"] == catalog.heuristic_splits(spec_mod.ROWS_BODY_TARGET_BLOCKS, blocks, 2048)
         paged = Problem.make(48, 2048, num_heads=heads, q_len=q_len, page_size=64, page_table=0x8000,
                              page_table_width=32, page_table_stride=32, page_table_len=48 * 32, kv_lens=0x9000,
                              kv_indptr=None)
         assert _lib.select(paged)["role"] == "generic"
-        with pytest.raises(_lib.MlagenError, match="num_heads x q_len a multiple of 64"):
+        with pytest.raises(_lib.MlagenError, match=f"num_heads x q_len a multiple of {block_m}"):
             _lib.select(Problem.make(48, 2048, num_heads=16, q_len=1, kernel_name=got["name"].encode()))
 
 

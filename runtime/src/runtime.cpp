@@ -195,19 +195,22 @@ mlagen_status check_kv(const mlagen_problem* p, const KernelEntry& e) {
   return MLAGEN_OK;
 }
 
-// The generic kernel of the dtypes: the rows body's (role 3) when the problem's query rows fill its
-// blocks of 64, its KV rows are contiguous and the build has one, else role 1. (Paged: the rows
-// body reads pages through kv_rows.cuh like every body, but no test has held its paged output to
-// a reference on the H200 yet, so paged problems keep the 16-row generic kernel.)
+// The generic kernel of the dtypes: a rows body's (role 3) when the problem's query rows fill its
+// blocks (of 64, else of 32: the largest such block the build has), its KV rows are contiguous,
+// else role 1. (Paged: the rows body reads pages through kv_rows.cuh like every body, but no test
+// has held its paged output to a reference on the H200 yet, so paged problems keep the 16-row
+// generic kernel.)
 const KernelEntry* find_generic(int32_t q_dtype, int32_t kv_dtype, int32_t rows, bool paged) {
+  const KernelEntry* rows_body = nullptr;
   const KernelEntry* found = nullptr;
   for (size_t i = 0; i < num_entries(); ++i) {
     const KernelEntry& e = kKernelTable[i];
     if (e.q_dtype != q_dtype || e.kv_dtype != kv_dtype || std::strcmp(e.arch, MLAGEN_BUILD_ARCH)) continue;
-    if (e.role == 3 && rows % e.block_m == 0 && !paged) return &e;
+    if (e.role == 3 && rows % e.block_m == 0 && !paged && (!rows_body || e.block_m > rows_body->block_m))
+      rows_body = &e;
     if (e.role == 1 && !found) found = &e;
   }
-  return found;
+  return rows_body ? rows_body : found;
 }
 
 // Splits for a kernel that takes them at run time; e.target_blocks is the generated

@@ -19,8 +19,8 @@ struct KernelEntry {
   int32_t stride_unit; // bytes of kv_stride_token's unit (bf16 2, else 1)
   int32_t scale_kind;  // 0 none (bf16), 1 one float32 (fp8), 2 E8M0 rows (mxfp4)
   int32_t block_n, stages;
-  int32_t block_m;  // query rows a block: 16, or 64 (the sm90a rows body: heads x q_len a multiple of 64)
-  int32_t role;  // 0 specialized, 1 generic, 2 tuning candidate (reachable by name only), 3 generic rows body
+  int32_t block_m;  // query rows a block: 16, or 32 / 64 (the sm90a rows body: heads x q_len a multiple of it)
+  int32_t role;  // 0 specialized, 1 generic, 2 tuning candidate (reachable by name only), 3 generic rows body (one a block_m)
   int32_t target_blocks;  // resident blocks the split heuristic aims for (SMs x blocks an SM)
   LaunchFn fn;
   const char* name;

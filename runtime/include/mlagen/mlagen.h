@@ -126,8 +126,9 @@ typedef struct {
   int32_t stages;     /* pipeline depth */
   int32_t batch, kv_len, q_dtype, kv_dtype; /* the kernel's key (0 = any) */
   int32_t page_size;  /* specialized: the page size it reads (0 contiguous); generic: 0 (any, at run time) */
-  int32_t role;       /* 0 specialized, 1 the generic kernel, 2 a tuning candidate (by name only), 3 the generic
-                         rows-body kernel (taken instead of 1 when num_heads x q_len is a multiple of 64) */
+  int32_t role;       /* 0 specialized, 1 the generic kernel, 2 a tuning candidate (by name only), 3 a generic
+                         rows-body kernel (taken instead of 1 when num_heads x q_len is a multiple of its
+                         block_m, 64 or 32; the larger first) */
   int32_t num_heads, q_len; /* specialized: the query rows it serves; generic: 16, 1 (any, at run time) */
 } mlagen_kernel_info;
 
