@@ -81,8 +81,8 @@ mlagen_status ensure_smem_limit(Kernel* kernel, int bytes, uint64_t& configured)
 // Programmatic dependent launch: the grid is launched while the previous one in the stream
 // still runs and waits on the device (griddepcontrol.wait) for its results, which hides
 // the launch gap between the two kernels.
-template <class Kernel>
-hipError_t launch_dependent(Kernel* kernel, dim3 grid, dim3 block, int smem, hipStream_t stream, const Params& p) {
+template <class Kernel, class... Args>
+hipError_t launch_dependent(Kernel* kernel, dim3 grid, dim3 block, int smem, hipStream_t stream, const Args&... args) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
@@ -93,7 +93,54 @@ hipError_t launch_dependent(Kernel* kernel, dim3 grid, dim3 block, int smem, hip
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, p);
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
+// The rows body's KV tensor maps (mla_decode_sm90_rows.cuh KvMaps) for this call's KV: encoded on
+// the host through the driver's cuTensorMapEncodeTiled (found once through the runtime, so the
+// library links no driver library), and kept per thread for the next call on the same KV.
+inline mlagen_status kv_maps(const Params& p, KvMaps& maps) {
+  using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                              const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                              CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+  static const Encode encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess || found != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<Encode>(fn);
+  }();
+  struct Last { const void* kv; int64_t rows, stride; KvMaps maps; };
+  thread_local Last last{nullptr, -1, -1, {}};
+  if (last.kv == p.kv && last.rows == p.total_kv && last.stride == p.kv_stride_bytes) {
+    maps = last.maps;
+    return MLAGEN_OK;
+  }
+  maps = KvMaps{};
+  if (p.total_kv <= 0) return MLAGEN_OK;  // no rows, no copies
+  if (!encode) return fail(MLAGEN_ERR_DEVICE, "cuTensorMapEncodeTiled: not in this driver (the rows body's KV copies need it)");
+  if (p.total_kv > 0x7fffffffll)
+    return fail(MLAGEN_ERR_INVALID, "total_kv=%lld: expected at most 2^31 - 1 KV rows for the rows body",
+                static_cast<long long>(p.total_kv));
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kQkDim), static_cast<cuuint64_t>(p.total_kv)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(p.kv_stride_bytes)};
+  const cuuint32_t unit[2] = {1, 1};
+  const cuuint32_t main_box[2] = {KvMaps::kMainBoxBytes, KvMaps::kMainBoxRows};
+  const cuuint32_t rope_box[2] = {KvMaps::kRopeBoxBytes, KvMaps::kRopeBoxRows};
+  void* base = const_cast<uint8_t*>(p.kv);
+  CUresult r = encode(&maps.main, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, base, dims, strides, main_box, unit,
+                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r == CUDA_SUCCESS)
+    r = encode(&maps.rope, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, base, dims, strides, rope_box, unit,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_64B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return fail(MLAGEN_ERR_DEVICE, "cuTensorMapEncodeTiled (KV %p, %lld rows, stride %lld bytes): CUresult %d", p.kv,
+                static_cast<long long>(p.total_kv), static_cast<long long>(p.kv_stride_bytes), static_cast<int>(r));
+  last = Last{p.kv, p.total_kv, p.kv_stride_bytes, maps};
+  return MLAGEN_OK;
 }
 #endif
 
@@ -121,12 +168,47 @@ mlagen_status launch_combine(const mlagen_problem* pr, const Params& p, int32_t 
 // decode does not merge its own splits].
 // An fp8-q kernel (T::kQ == kFp8) runs as generated for an fp8 q given with its scale, and as
 // its kFp8FromBf16 instantiation when the library quantizes a bf16 q.
+#if defined(MLAGEN_NVIDIA)
+// The rows body: the same sequence with the KV tensor maps as the decode kernel's second parameter.
+template <class T, class Shape>
+mlagen_status launch_rows(const mlagen_problem* pr, const Params& p, int32_t splits, dim3 grid, hipStream_t stream) {
+  KvMaps maps;
+  mlagen_status st = kv_maps(p, maps);
+  if (st != MLAGEN_OK) return st;
+  const dim3 block(T::kThreads);
+  if constexpr (T::kQ == QFormat::kFp8) {
+    if (p.q_amax_parts > 0) {
+      using TQ = typename T::template WithQ<QFormat::kFp8FromBf16>;
+      auto* kernel = &mla_decode_rows_kernel<TQ, Shape>;
+      static uint64_t smem_configured = 0;  // one per kernel
+      st = ensure_smem_limit(kernel, TQ::kSmemBytes, smem_configured);
+      if (st != MLAGEN_OK) return st;
+      auto* amax = &q_amax_kernel<256>;
+      hipLaunchKernelGGL(amax, dim3(p.q_amax_parts), dim3(256), 0, stream, p);
+      const hipError_t le = launch_dependent(kernel, grid, block, TQ::kSmemBytes, stream, p, maps);
+      if (le != hipSuccess) return fail(MLAGEN_ERR_DEVICE, "decode launch failed: %s", hipGetErrorString(le));
+      return launch_combine<T, Shape>(pr, p, splits, stream);
+    }
+  }
+  auto* kernel = &mla_decode_rows_kernel<T, Shape>;
+  static uint64_t smem_configured = 0;  // one per kernel
+  st = ensure_smem_limit(kernel, T::kSmemBytes, smem_configured);
+  if (st != MLAGEN_OK) return st;
+  hipLaunchKernelGGL(kernel, grid, block, T::kSmemBytes, stream, p, maps);
+  return launch_combine<T, Shape>(pr, p, splits, stream);
+}
+#endif
+
 template <class T, class Shape>
 mlagen_status launch_mla_decode(const mlagen_problem* pr, int32_t splits, void* raw_stream) {
   const Params p = make_params(pr, splits);
   const auto stream = static_cast<hipStream_t>(raw_stream);
   // shapes.cuh BlockCoord: a block owns RowsPerBlock / 16 row groups (the runtime checked the division)
   const dim3 grid(splits * p.row_groups / (RowsBody<T>::kRowsPerBlock / kHeads), pr->batch), block(T::kThreads);
+#if defined(MLAGEN_NVIDIA)
+  if constexpr (RowsBody<T>::value) return launch_rows<T, Shape>(pr, p, splits, grid, stream);
+  else {
+#endif
   if constexpr (T::kQ == QFormat::kFp8) {
     if (p.q_amax_parts > 0) {
       using TQ = typename T::template WithQ<QFormat::kFp8FromBf16>;
@@ -151,6 +233,9 @@ mlagen_status launch_mla_decode(const mlagen_problem* pr, int32_t splits, void* 
   if (st != MLAGEN_OK) return st;
   hipLaunchKernelGGL(kernel, grid, block, T::kSmemBytes, stream, p);
   return launch_combine<T, Shape>(pr, p, splits, stream);
+#if defined(MLAGEN_NVIDIA)
+  }
+#endif
 }
 
 }  // namespace mlagen::device

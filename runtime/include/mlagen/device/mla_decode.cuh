@@ -527,9 +527,8 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
 template <class T, class Shape>
 __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm) mla_decode_kernel(const Params p) {
   extern __shared__ __align__(128) uint8_t smem[];
-  if constexpr (RowsBody<T>::value)
-    decode_rows<T, Shape>(p, smem);
-  else if constexpr (T::kWide)
+  static_assert(!RowsBody<T>::value, "the rows body is mla_decode_rows_kernel (it takes the KV tensor maps too)");
+  if constexpr (T::kWide)
     decode_wide<T, Shape>(p, smem);
   else if constexpr (T::kWarpgroupBf16)
     decode_wgmma_bf16<T, Shape>(p, smem);
@@ -537,6 +536,15 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm) mla_decode_ke
     decode_wgmma<T, Shape>(p, smem);
   else
     decode_fp8<T, Shape>(p, smem);
+}
+
+// The rows body's kernel: the KV tensor maps in parameter space (__grid_constant__), where the
+// bulk tensor copy reads them.
+template <class T, class Shape>
+__global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
+    mla_decode_rows_kernel(const Params p, const __grid_constant__ KvMaps maps) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  decode_rows<T, Shape>(p, maps, smem);
 }
 
 }  // namespace mlagen::device

@@ -42,7 +42,18 @@
 #include "mlagen/device/mla_decode_sm90_wgmma.cuh"
 
 #if defined(MLAGEN_NVIDIA)
+#include <cuda.h>  // CUtensorMap (the type only: the runtime encodes the maps through the driver's entry point)
+
 namespace mlagen::device {
+
+// The KV rows as two 2D tensor maps of bytes ([total_kv rows, 576], the rows' stride) for the bulk
+// tensor copy of a tile (launch.cuh kv_maps encodes them per call): `main` boxes of 64 rows x 128
+// bytes with the 128-byte swizzle (one atom of the tile's nope dims), `rope` boxes of 32 rows x 64
+// bytes with the 64-byte swizzle: the tile's own layout (WgLayout::kv_at).
+struct KvMaps {
+  CUtensorMap main, rope;
+  static constexpr int kMainBoxRows = 64, kMainBoxBytes = 128, kRopeBoxRows = 32, kRopeBoxBytes = 64;
+};
 
 template <int kStages_, QFormat kQ_, int kRows_>
 struct RowsLayout {
@@ -96,7 +107,7 @@ struct RowsTiling {
 };
 
 template <class T, class Shape>
-MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
+MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* smem) {
   using namespace sm90;
   using L = typename T::L;
   using Tile = typename L::Tile;
@@ -117,12 +128,13 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
   auto full = [&](int b) { return s_bar + 8 * b; };
   auto empty = [&](int b) { return s_bar + 16 + 8 * b; };
   const uint32_t sums_ready = s_bar + 32;  // group 0's final sums are in l_final
-  auto kv_full = [&](int slot) { return s_bar + 40 + 8 * slot; };  // (kOCopies) a stage's copies landed
+  auto kv_full = [&](int slot) { return s_bar + 40 + 8 * slot; };  // a stage's copies landed
   // Who copies the KV tiles: at 64 rows the O groups (group 0's instructions are each tile's
   // critical path there, and the copy issue was 11% of them: 64 rows 2.5-4.6% faster); at 32 rows
   // group 0 (the O groups' k-steps are the shorter path there only while they do not copy:
   // +2% when they do). docs/perf.md v19.
   constexpr bool kOCopies = R == 64;
+  constexpr int kCopiers = kOCopies ? 256 : 128;  // arrivals on kv_full a phase: every copying thread
 
   const BlockCoord bc = block_coord<Shape, R>(p);
   allow_dependent_launch();
@@ -138,100 +150,62 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
   if (tid == 0) {
     for (int b = 0; b < 2; ++b) mbarrier_init(full(b), 128), mbarrier_init(empty(b), 256);
     mbarrier_init(sums_ready, 128);
-    if constexpr (kOCopies)
-      for (int b = 0; b < ST; ++b) mbarrier_init(kv_full(b), 256);
+    for (int b = 0; b < ST; ++b) mbarrier_init(kv_full(b), kCopiers);
     fence_mbarrier_init();
   }
-  if constexpr (kOCopies) __syncthreads();  // the barriers' init, before the first copies arrive on them
+  __syncthreads();  // the barriers' init, before the first copies arrive on them
 
-  // ---- the copies. kOCopies: O group oc (thread wt) copies what it alone reads, V dims
-  // 256 oc .. + 255 (atoms 2 oc, 2 oc + 1: chunk wt % 8 of rows wt / 8 + 16 i), and rope rows
-  // 32 oc + wt / 4 (chunk wt % 4), which S read; as soon as its O(j) is done it refills stage j's
-  // slot with tile j + ST, and each thread's copies arrive on kv_full[slot] when they land (256 a
-  // phase). Otherwise group 0 copies all of a tile (4 atoms of rows wt / 8 + 16 i, rope rows
-  // wt / 4 + 32 i) in cp.async groups, one tile ahead of its S.
+  // ---- the copies. kOCopies: O group oc copies what it alone reads, V dims 256 oc .. + 255
+  // (atoms 2 oc, 2 oc + 1), and rope rows 32 oc .. + 31, which S read; as soon as its O(j) is done
+  // it refills stage j's slot with tile j + ST. Otherwise group 0 copies all of a tile, ST - 1
+  // tiles ahead of its S. A full tile of rows back to back is the bulk tensor copy: thread 0 of
+  // the copying group issues its boxes (KvMaps) with the bytes they bring on kv_full[slot], the
+  // group's other threads arrive on it. A short last tile (or rows on pages shorter than a tile)
+  // goes row by row by cp.async, zero-filled past the end (thread wt: chunk wt % 8 of rows
+  // wt / 8 + 16 i, rope chunk wt % 4 of rows wt / 4 + 32 i), each thread arriving when its copies
+  // land. Either way kv_full[slot] completes with kCopiers arrivals once the tile is in.
   const int oc = grp - 1;
   const int c8 = wt % 8, rm = wt / 8, c4 = wt % 4, rr = wt / 4 + (kOCopies ? 32 * oc : 0);
   const uint32_t dst_main = (rm / 8) * 1024 + (rm % 8) * 128 + ((c8 ^ (rm % 8)) * 16);
   const uint32_t dst_rope = Tile::kRopeOffset + (rr / 8) * 512 + (rr % 8) * 64 + ((c4 ^ ((rr % 8) / 2)) * 16);
-  const int64_t stride = p.kv_stride_bytes;
-  // Two copy routines, not one with kAtoms / kRopeRows parameters: each is the text of the build
-  // whose tests ran on the H200, and the parameterized one compiled to other SASS (docs/perf.md
-  // v19); folding them is a change to measure and test.
-  auto issue_tile_g0 = [&](int j) {  // (group 0, 32 rows)
-    if (j < ntiles) {
-      const int tok0 = tok_begin + j * BN, rows_left = tok_end - tok0;
-      const uint32_t dst = s_base + (j % ST) * Tile::kStageBytes;
-      if (rows_left >= BN && rows.template tile_contiguous<BN>()) {  // (uniform)
-        // 64 rows back to back: one row address a tile, then fixed steps and immediate offsets
-        // (the general path below costs group 0, whose instructions are the tile's critical
-        // path, about 190 instructions a tile: docs/perf.md v13)
-        const uint8_t* base = rows.ptr(tok0, page_bad);
-        const uint8_t* src = base + rm * stride + c8 * 16;
-#pragma unroll
-        for (int i = 0; i < 4; ++i, src += 16 * stride)
-#pragma unroll
-          for (int a = 0; a < 4; ++a)
-            cp_async_16_full(dst + dst_main + i * 2048 + a * Tile::kAtom128Bytes, src + a * 128);
-        src = base + rr * stride + 512 + c4 * 16;
-#pragma unroll
-        for (int i = 0; i < 2; ++i, src += 32 * stride) cp_async_16_full(dst + dst_rope + i * 2048, src);
-      } else {
-        // the sequence's last, short tile (or rows on pages shorter than a tile): row by row,
-        // rows past the end zero-filled
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int r = rm + 16 * i;
-          const uint8_t* src = r < rows_left ? rows.ptr(tok0 + r, page_bad) : nullptr;
-#pragma unroll
-          for (int a = 0; a < 4; ++a)
-            cp_async_16(dst + dst_main + i * 2048 + a * Tile::kAtom128Bytes, src ? src + a * 128 + c8 * 16 : p.kv,
-                        src != nullptr);
-        }
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const int r = rr + 32 * i;
-          const uint8_t* src = r < rows_left ? rows.ptr(tok0 + r, page_bad) : nullptr;
-          cp_async_16(dst + dst_rope + i * 2048, src ? src + 512 + c4 * 16 : p.kv, src != nullptr);
-        }
-      }
-    }
-    cp_async_commit();
-  };
-  auto issue_tile_o = [&](int j) {  // (the O groups, 64 rows)
+  constexpr int kAtoms = kOCopies ? 2 : 4, kRopeBoxes = kOCopies ? 1 : 2;  // what one copying group brings
+  constexpr uint32_t kBytes = kAtoms * Tile::kAtom128Bytes + kRopeBoxes * KvMaps::kRopeBoxRows * KvMaps::kRopeBoxBytes;
+  static_assert(kBytes * (kOCopies ? 2 : 1) == Tile::kStageBytes && KvMaps::kMainBoxRows == BN, "a tile's boxes");
+  const int a0 = kOCopies ? 2 * oc : 0, rope0 = kOCopies ? 32 * oc : 0;  // the group's first atom, rope row
+  auto issue_tile = [&](int j) {
     if (j >= ntiles) return;
     const int tok0 = tok_begin + j * BN, rows_left = tok_end - tok0;
-    const uint32_t dst = s_base + (j % ST) * Tile::kStageBytes;
+    const uint32_t dst = s_base + (j % ST) * Tile::kStageBytes, bar = kv_full(j % ST);
     if (rows_left >= BN && rows.template tile_contiguous<BN>()) {  // (uniform)
-      // 64 rows back to back: one row address a tile, then fixed steps and immediate offsets
-      const uint8_t* base = rows.ptr(tok0, page_bad);
-      const uint8_t* src = base + rm * stride + oc * 256 + c8 * 16;
+      if (wt == 0) {
+        const int y = static_cast<int>(rows.row(tok0, page_bad));
+        mbarrier_arrive_expect_tx(bar, kBytes);
 #pragma unroll
-      for (int i = 0; i < 4; ++i, src += 16 * stride)
+        for (int a = a0; a < a0 + kAtoms; ++a) tma_load_2d(dst + a * Tile::kAtom128Bytes, &maps.main, 128 * a, y, bar);
 #pragma unroll
-        for (int a = 0; a < 2; ++a)
-          cp_async_16_full(dst + dst_main + i * 2048 + (2 * oc + a) * Tile::kAtom128Bytes, src + a * 128);
-      cp_async_16_full(dst + dst_rope, base + rr * stride + 512 + c4 * 16);
+        for (int i = 0; i < kRopeBoxes; ++i)
+          tma_load_2d(dst + Tile::kRopeOffset + (rope0 + 32 * i) * 64, &maps.rope, 512, y + rope0 + 32 * i, bar);
+      } else {
+        mbarrier_arrive(bar);
+      }
     } else {
-      // the sequence's last, short tile (or rows on pages shorter than a tile): row by row,
-      // rows past the end zero-filled
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int r = rm + 16 * i;
         const uint8_t* src = r < rows_left ? rows.ptr(tok0 + r, page_bad) : nullptr;
 #pragma unroll
-        for (int a = 0; a < 2; ++a)
-          cp_async_16(dst + dst_main + i * 2048 + (2 * oc + a) * Tile::kAtom128Bytes,
-                      src ? src + (2 * oc + a) * 128 + c8 * 16 : p.kv, src != nullptr);
+        for (int a = a0; a < a0 + kAtoms; ++a)
+          cp_async_16(dst + dst_main + i * 2048 + a * Tile::kAtom128Bytes, src ? src + a * 128 + c8 * 16 : p.kv,
+                      src != nullptr);
       }
-      const uint8_t* src = rr < rows_left ? rows.ptr(tok0 + rr, page_bad) : nullptr;
-      cp_async_16(dst + dst_rope, src ? src + 512 + c4 * 16 : p.kv, src != nullptr);
+#pragma unroll
+      for (int i = 0; i < kRopeBoxes; ++i) {
+        const int r = rr + 32 * i;
+        const uint8_t* src = r < rows_left ? rows.ptr(tok0 + r, page_bad) : nullptr;
+        cp_async_16(dst + dst_rope + i * 2048, src ? src + 512 + c4 * 16 : p.kv, src != nullptr);
+      }
+      cp_async_mbarrier_arrive_noinc(bar);
     }
-    cp_async_mbarrier_arrive_noinc(kv_full(j % ST));
-  };
-  auto issue_tile = [&](int j) {
-    if constexpr (kOCopies) issue_tile_o(j);
-    else issue_tile_g0(j);
   };
   if (kOCopies ? grp > 0 : grp == 0)
 #pragma unroll
@@ -273,14 +247,8 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
     // stmatrix: lane -> row lane % 8 of fragment lane / 8 (j = lane / 16, r = lane / 8 % 2) of a group of four
     const uint32_t p_lane = L::p_at(8 * (lane / 16) + lane % 8, 16 * w + 8 * (lane / 8 % 2));
     for (int it = 0; it < ntiles; ++it) {
-      if constexpr (kOCopies) {
-        mbarrier_wait(kv_full(it % ST), (it / ST) & 1);  // the O groups' copies of tile it landed
-        fence_proxy_async_smem();
-      } else {
-        cp_async_wait<ST - 2>();
-        fence_proxy_async_smem();
-        named_barrier(1, 128);  // every group-0 thread's copies of tile it landed
-      }
+      mbarrier_wait(kv_full(it % ST), (it / ST) & 1);  // tile it landed
+      fence_proxy_async_smem();  // (a short tile's cp.async writes, before the wgmmas read them)
       const uint32_t tile = s_base + (it % ST) * Tile::kStageBytes;
       float s[L::kSN / 2];
       const uint64_t k_desc = wgmma_desc(tile, 16, 1024, WgmmaSwizzle::k128B);
@@ -386,7 +354,6 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
         issue_tile(it + ST - 1);
       }
     }
-    if constexpr (!kOCopies) cp_async_wait<0>();
     // l over the 8 row lanes and the 4 warps, for the O groups' epilogue; the rows' states
 #pragma unroll
     for (int k = 0; k < NS; ++k)
@@ -478,9 +445,15 @@ MLAGEN_DEVICE void decode_rows(const Params& p, uint8_t* smem) {
 #pragma unroll
       for (int mb = 0; mb < 4; ++mb) wgmma_fence_regs(o[mb]);
       mbarrier_arrive(empty(it % 2));
-      if constexpr (kOCopies) issue_tile(it + ST);  // this group's part of slot it % ST is read
+      if constexpr (kOCopies)
+        if (it + ST < ntiles) {  // (uniform)
+          // this group's part of slot it % ST is read by all its warps (each reads every row of its
+          // dims; each copies a quarter of the rows): the copies go out after all four warps' loads
+          // (racecheck; the wgmmas the loads fed do not order them for the memory model)
+          named_barrier(2 + oc, 128);
+          issue_tile(it + ST);
+        }
     }
-    if constexpr (kOCopies) cp_async_wait<0>();
     mbarrier_wait(sums_ready, 0);  // group 0's sums
     const bool bad = rows.block_any_bad(p, page_bad) || seq.bad;
 #pragma unroll

@@ -416,6 +416,18 @@ MLAGEN_DEVICE void mbarrier_wait(uint32_t bar, uint32_t parity) {
       "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
       "@!done bra wait_%=;\n}\n" ::"r"(bar), "r"(parity) : "memory");
 }
+// The bulk tensor copy (TMA): an arrive on `bar` that also expects `bytes` more bytes to land on it
+// (the phase completes when the arrivals and the bytes are all in).
+MLAGEN_DEVICE void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// One box of a 2D tensor map (`map`: a CUtensorMap in parameter space, __grid_constant__) at
+// element coordinates (x, y) into shared memory at `dst` (the map's swizzle applied), landing on `bar`.
+MLAGEN_DEVICE void tma_load_2d(uint32_t dst, const void* map, int x, int y, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+      ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(bar) : "memory");
+}
 // Warpgroup register budgets (every thread of the warpgroup together; N a multiple of 8).
 template <int N>
 MLAGEN_DEVICE void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
