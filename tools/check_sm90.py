@@ -35,20 +35,16 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_PATTERNS = ("mla_decode_sm90a_*_bn64*.hip", "mla_decode_sm90a_*_bm*.hip")
 # kernel source (fnmatch) -> (most spill bytes, stores or loads, allowed; why)
 KNOWN_SPILLS = {  # first match wins; the mxfp4 ones present at 640134c, when this check was written
-    # The 64-row rows body since its O groups issue the copies (docs/perf.md v19; setmaxnreg 152 for
-    # group 0, 176 for each O group: all the block has). The SASS measured on the H200 (branch
-    # exp/rows-o-copies 1d34476, the same instructions as main's): the O groups reload a few
-    # 4-8 byte values a tile in their copy issue and in their rescale branch; the causal 256x8192
-    # kernel also in its Q staging and, one value a tile, in group 0's loop; the generic kernels
-    # in their epilogue.
+    # The 64-row rows body since its O groups issue the copies (docs/perf.md v19, v20; setmaxnreg
+    # 152 for group 0, 176 for each O group: all the block has). With the bulk tensor copy (v20)
+    # the specialized 64-row kernels spill 32-104 B (was up to 168): the O groups reload a few
+    # 4-8 byte values in their rescale branch and copy path; the causal 256x8192 kernel also in its
+    # Q staging; the generic kernels in their epilogue. The 32-row kernels spill nothing.
     "mla_decode_sm90a_b256_kv8192_s1_qbf16_kvfp8e4m3fn_ql4_bn64_st3_bm64.hip":
         (148, "64-row rows body, causal rows: Q staging, group 0 (one value a tile), O groups (see above)"),
     "mla_decode_sm90a_bany_kvany_sany_q*_kvfp8e4m3fn_bn64*_bm64.hip":
         (600, "generic 64-row rows body: the O groups' epilogue, once a block (runtime shape values reloaded "
               "per row: ~120 of the reloads), and 5 reloads a tile in the loops"),
-    "mla_decode_sm90a_bany_kvany_sany_qbf16_kvfp8e4m3fn_bn64_bm32.hip":
-        (24, "generic 32-row rows body, bf16 q: group 0 reloads two runtime-shape values a tile (8 B), "
-             "the rest before the loops"),
     "mla_decode_sm90a_*_kvfp8e4m3fn_*_bm64.hip":
         (168, "64-row rows body: the O groups' rescale branch and copy issue (see above)"),
     "mla_decode_sm90a_bany_kvany_sany_qfp8_kvmxfp4_bn64_st2.hip":

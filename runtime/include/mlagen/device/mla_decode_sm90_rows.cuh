@@ -4,40 +4,38 @@
 // per-tile chain once per 16 rows and stays latency-bound (docs/perf.md v10).
 //
 // Block = three warpgroups, R = 64 (or 32) query rows, tiles of 64 tokens (the 16-row kernel's
-// swizzled tile in a cp.async ring), warp-specialized:
+// swizzled tile) in a ring of stages, warp-specialized:
 //
 //   group 0 (S)     S^T = K Qhl^T for all R rows as one wgmma e4m3 chain
 //                   (A = the KV tile, 64 tokens x 576; B = the rows' q as e4m3 hi and lo parts,
 //                   N = 2 R: m64n128k32 / m64n64k32; an fp8 q is exact in hi: N = R); the
 //                   softmax; P^T (f16, by stmatrix) and the rows' rescale factors into a
-//                   two-slot ring. One tile ahead. At 32 rows also the tile copies.
+//                   two-slot ring. One tile ahead.
 //   groups 1, 2 (O) O^T += V^T P^T for dims 256 (c - 1) .. + 255 and all R rows, wgmma
 //                   m64nRk16 f16, A = V^T in registers (each thread's 8 dims of two tokens: one
 //                   8-byte load a token, prmt + cvt.f16x2.e4m3x2, exact), B = P^T: 4 m64 blocks x
 //                   4 k-steps a tile, R * 2 accumulators a thread; one commit group a wgmma, so
-//                   a block's next fragment is converted while three wgmmas fly. At 64 rows also
-//                   the tile copies: each group its V half and half the rope, refilled as soon as
-//                   its O of that slot is done, landing on per-stage mbarriers (kv_full).
+//                   a block's next fragment is converted while three wgmmas fly. Also the tile
+//                   copies: each group its V half and half the rope, refilled as soon as its O of
+//                   that slot is done, by the bulk tensor copy (TMA, KvMaps: one thread issues
+//                   three boxes) onto per-stage mbarriers (kv_full); a short tile by cp.async.
 //
 // Handoff through mbarriers: full[slot] (group 0 wrote tile i's P and factors) and empty[slot]
-// (the O groups are done with tile i, its P slot and its KV slot); tile i uses slot i % 2, phase
-// i / 2. At 32 rows group 0 waits for O(i - 1) only after tile i's softmax, then refills that KV
-// slot; at 64 rows it waits for O(i - 2) before it writes tile i's P slot. The O groups hold one
-// ring slot, so the stages are as many as fit beside Q (spec.ROWS_BODY).
+// (the O groups are done with tile i and its P slot); tile i uses slot i % 2, phase i / 2.
+// Group 0 waits for O(i - 2) before it writes tile i's P slot. The O groups hold one ring slot,
+// so the stages are as many as fit beside Q (spec.ROWS_BODY).
 // Lazy rescale: a row keeps its base while no score passes it by 2^8; the test compares the
 // scores themselves, so the rows' maxima (shuffles, and the exchange between the 4 warps) are
 // met only on a tile that rescales, and only then do the O groups rescale.
-// Group 0's instructions are each tile's critical path (ncu, docs/perf.md v13, v19): whole tiles
-// copy from one row address a thread, the softmax avoids reductions it does not need, and at 64
-// rows the copies are the O groups'.
+// Group 0's instructions are each tile's critical path (ncu, docs/perf.md v13, v19): it issues
+// no copies, and the softmax avoids reductions it does not need.
 // Registers: setmaxnreg 152 (group 0) / 176 (each O group): the whole of what the block was
-// launched with (168 x 384, RowsLayout::kRegsS); at 64 rows a few 4-8 byte reloads a tile (the
-// O groups' copy issue; group 0 in the causal 256x8192 kernel), the rest off the loop
-// (make check-sm90 holds the list).
-// Measured (docs/perf.md v19): 253 us at 128 heads, 64x8192 (bf16 q; 235 with an fp8 q), against
-// 264 in v13, 310 in v12 and 471 with 16-row blocks; 107 us at 32 heads (32 rows).
-// The generic kernel of this body (registry role 3, 64 rows) serves contiguous problems whose
-// heads x q_len is a multiple of 64.
+// launched with (168 x 384, RowsLayout::kRegsS); a few 4-8 byte reloads at 64 rows, the rest off
+// the loop (make check-sm90 holds the list).
+// Measured (docs/perf.md v20): 253 us at 128 heads, 64x8192 (bf16 q; 223 with an fp8 q), against
+// 264 in v13, 310 in v12 and 471 with 16-row blocks; 98 us at 32 heads (32 rows).
+// The generic kernels of this body (registry role 3, 64 and 32 rows) serve contiguous problems
+// whose heads x q_len is a multiple of 64, else of 32.
 #pragma once
 #include "mlagen/device/mla_decode_sm90_wgmma.cuh"
 
@@ -129,12 +127,8 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
   auto empty = [&](int b) { return s_bar + 16 + 8 * b; };
   const uint32_t sums_ready = s_bar + 32;  // group 0's final sums are in l_final
   auto kv_full = [&](int slot) { return s_bar + 40 + 8 * slot; };  // a stage's copies landed
-  // Who copies the KV tiles: at 64 rows the O groups (group 0's instructions are each tile's
-  // critical path there, and the copy issue was 11% of them: 64 rows 2.5-4.6% faster); at 32 rows
-  // group 0 (the O groups' k-steps are the shorter path there only while they do not copy:
-  // +2% when they do). docs/perf.md v19.
-  constexpr bool kOCopies = R == 64;
-  constexpr int kCopiers = kOCopies ? 256 : 128;  // arrivals on kv_full a phase: every copying thread
+  // The O groups copy the KV tiles (group 0's instructions are each tile's critical path; with
+  // the bulk tensor copy the O groups' part is a few instructions: docs/perf.md v19, v20).
 
   const BlockCoord bc = block_coord<Shape, R>(p);
   allow_dependent_launch();
@@ -150,28 +144,27 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
   if (tid == 0) {
     for (int b = 0; b < 2; ++b) mbarrier_init(full(b), 128), mbarrier_init(empty(b), 256);
     mbarrier_init(sums_ready, 128);
-    for (int b = 0; b < ST; ++b) mbarrier_init(kv_full(b), kCopiers);
+    for (int b = 0; b < ST; ++b) mbarrier_init(kv_full(b), 256);  // every O thread a phase
     fence_mbarrier_init();
   }
   __syncthreads();  // the barriers' init, before the first copies arrive on them
 
-  // ---- the copies. kOCopies: O group oc copies what it alone reads, V dims 256 oc .. + 255
-  // (atoms 2 oc, 2 oc + 1), and rope rows 32 oc .. + 31, which S read; as soon as its O(j) is done
-  // it refills stage j's slot with tile j + ST. Otherwise group 0 copies all of a tile, ST - 1
-  // tiles ahead of its S. A full tile of rows back to back is the bulk tensor copy: thread 0 of
-  // the copying group issues its boxes (KvMaps) with the bytes they bring on kv_full[slot], the
-  // group's other threads arrive on it. A short last tile (or rows on pages shorter than a tile)
-  // goes row by row by cp.async, zero-filled past the end (thread wt: chunk wt % 8 of rows
-  // wt / 8 + 16 i, rope chunk wt % 4 of rows wt / 4 + 32 i), each thread arriving when its copies
-  // land. Either way kv_full[slot] completes with kCopiers arrivals once the tile is in.
+  // ---- the copies. O group oc copies what it alone reads, V dims 256 oc .. + 255 (atoms 2 oc,
+  // 2 oc + 1), and rope rows 32 oc .. + 31, which S read; as soon as its O(j) is done it refills
+  // stage j's slot with tile j + ST. A full tile of rows back to back is the bulk tensor copy:
+  // thread 0 of the group issues its three boxes (KvMaps) with the bytes they bring on
+  // kv_full[slot], the group's other threads arrive on it. A short last tile (or rows on pages
+  // shorter than a tile) goes row by row by cp.async, zero-filled past the end (thread wt: chunk
+  // wt % 8 of rows wt / 8 + 16 i, rope chunk wt % 4 of row 32 oc + wt / 4), each thread arriving
+  // when its copies land. Either way kv_full[slot] completes with 256 arrivals once the tile is in.
   const int oc = grp - 1;
-  const int c8 = wt % 8, rm = wt / 8, c4 = wt % 4, rr = wt / 4 + (kOCopies ? 32 * oc : 0);
+  const int c8 = wt % 8, rm = wt / 8, c4 = wt % 4, rr = wt / 4 + 32 * oc;
   const uint32_t dst_main = (rm / 8) * 1024 + (rm % 8) * 128 + ((c8 ^ (rm % 8)) * 16);
   const uint32_t dst_rope = Tile::kRopeOffset + (rr / 8) * 512 + (rr % 8) * 64 + ((c4 ^ ((rr % 8) / 2)) * 16);
-  constexpr int kAtoms = kOCopies ? 2 : 4, kRopeBoxes = kOCopies ? 1 : 2;  // what one copying group brings
+  constexpr int kAtoms = 2, kRopeBoxes = 1;  // what one O group brings
   constexpr uint32_t kBytes = kAtoms * Tile::kAtom128Bytes + kRopeBoxes * KvMaps::kRopeBoxRows * KvMaps::kRopeBoxBytes;
-  static_assert(kBytes * (kOCopies ? 2 : 1) == Tile::kStageBytes && KvMaps::kMainBoxRows == BN, "a tile's boxes");
-  const int a0 = kOCopies ? 2 * oc : 0, rope0 = kOCopies ? 32 * oc : 0;  // the group's first atom, rope row
+  static_assert(2 * kBytes == Tile::kStageBytes && KvMaps::kMainBoxRows == BN, "a tile's boxes");
+  const int a0 = 2 * oc, rope0 = 32 * oc;  // the group's first atom, rope row
   auto issue_tile = [&](int j) {
     if (j >= ntiles) return;
     const int tok0 = tok_begin + j * BN, rows_left = tok_end - tok0;
@@ -207,9 +200,9 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
       cp_async_mbarrier_arrive_noinc(bar);
     }
   };
-  if (kOCopies ? grp > 0 : grp == 0)
+  if (grp > 0)
 #pragma unroll
-    for (int j = 0; j < (kOCopies ? ST : ST - 1); ++j) issue_tile(j);
+    for (int j = 0; j < ST; ++j) issue_tile(j);
 
   // ---- Q, once, by all three groups: rows 16 pass + tid / 8 (pass 0..1 covers 48 rows a pass)
   const QQuant qq = q_setup<T::kQ>(p, q_given);
@@ -274,10 +267,8 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
       wgmma_wait<0>();
       wgmma_fence_regs(s);
       // this tile's P, factors and flag go to slot it % 2: tile it - 2's O must be done with it
-      // (long since, as a rule: O(it - 1) ran under this S). Without kOCopies the wait for O(it - 1)
-      // at the end of the last step, before its refill, covered this.
-      if constexpr (kOCopies)
-        if (it >= 2) mbarrier_wait(empty(it % 2), ((it - 2) / 2) & 1);
+      // (long since, as a rule: O(it - 1) ran under this S)
+      if (it >= 2) mbarrier_wait(empty(it % 2), ((it - 2) / 2) & 1);
 
       const int tok0 = tok_begin + it * BN;
       const bool masked = tok0 + BN > min_end;  // (uniform)
@@ -347,12 +338,6 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
         stmatrix_x4_trans(s_pt + p_lane + q4 * 2 * L::kPSbo, ph[4 * q4], ph[4 * q4 + 1], ph[4 * q4 + 2], ph[4 * q4 + 3]);
       fence_proxy_async_smem();
       mbarrier_arrive(full(it % 2));
-      if constexpr (!kOCopies) {
-        // O(it - 1) done: its KV slot ((it - 1) % ST, the next copies' target) is free, and so is
-        // the P slot that tile it + 1 writes. The softmax above ran under O(it - 1).
-        if (it >= 1) mbarrier_wait(empty((it - 1) % 2), ((it - 1) / 2) & 1);
-        issue_tile(it + ST - 1);
-      }
     }
     // l over the 8 row lanes and the 4 warps, for the O groups' epilogue; the rows' states
 #pragma unroll
@@ -445,14 +430,13 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
 #pragma unroll
       for (int mb = 0; mb < 4; ++mb) wgmma_fence_regs(o[mb]);
       mbarrier_arrive(empty(it % 2));
-      if constexpr (kOCopies)
-        if (it + ST < ntiles) {  // (uniform)
-          // this group's part of slot it % ST is read by all its warps (each reads every row of its
-          // dims; each copies a quarter of the rows): the copies go out after all four warps' loads
-          // (racecheck; the wgmmas the loads fed do not order them for the memory model)
-          named_barrier(2 + oc, 128);
-          issue_tile(it + ST);
-        }
+      if (it + ST < ntiles) {  // (uniform)
+        // this group's part of slot it % ST is read by all its warps (each reads every row of its
+        // dims; each copies a quarter of the rows): the copies go out after all four warps' loads
+        // (racecheck; the wgmmas the loads fed do not order them for the memory model)
+        named_barrier(2 + oc, 128);
+        issue_tile(it + ST);
+      }
     }
     mbarrier_wait(sums_ready, 0);  // group 0's sums
     const bool bad = rows.block_any_bad(p, page_bad) || seq.bad;
