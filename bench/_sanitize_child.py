@@ -178,6 +178,9 @@ ROWS_CASES = [  # (heads, q lengths, kv lengths, splits, page)
     (16, [2, 2, 2], [1000, 1000, 1000], 0, 0),
     # the generic 32-row body: 8 heads x 4 tokens, lengths shorter than a tile and than q_len
     (8, [4, 4, 4], [700, 3, 129], 0, 0),
+    # the generic rows bodies on pages of 64 (bulk tensor copies through the block table)
+    (128, [2, 2], [700, 130], 0, 64),
+    (32, [1, 1, 1], [300, 64, 5], 2, 64),
 ]
 
 

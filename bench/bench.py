@@ -902,7 +902,7 @@ def rows_reference(torch, x, fmt, batch, kv_len, heads, q_len, q8=False):
 
 def bench_rows(ctx, cases) -> list[dict]:
     """cases: (batch, kv_len, heads, q_len). Columns: mlagen fp8 KV with a bf16 q and with the q
-    quantized to fp8, bf16 KV, FlashMLA bf16."""
+    quantized to fp8, bf16 KV, fp8 KV on pages of 64 (bf16 q), FlashMLA bf16."""
     torch, mg, timer, args = ctx.torch, ctx.mlagen, ctx.timer, ctx.args
     fm, fm_error = import_flashmla()
     rows = []
@@ -919,6 +919,10 @@ def bench_rows(ctx, cases) -> list[dict]:
                                                        x["config"], kv_format="fp8", q_dtype="fp8", **kw)),
             "bf16 KV": (("bf16", False), functools.partial(mg.decode, x["q"], x["kv"], x["qo_indptr"], x["kv_indptr"],
                                                   x["config"], kv_format="bf16", **kw)),
+            # the same rows as pages of 64 through FlashMLA's block table (the generic rows body)
+            "fp8 KV, bf16 q, pages of 64": (("fp8", False), functools.partial(
+                mg.decode, x["q"], x["kv"], x["qo_indptr"], None, x["config"], kv_format="fp8", page_table=x["table"],
+                page_size=64, kv_lens=x["kv_lens"], **kw)),
         }
         if fm is not None:
             kc = x["kv"]["bf16"].view(-1, 64, 1, 576)
@@ -971,7 +975,7 @@ def make_rows_chart(rows, path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    cols = ("fp8 KV, bf16 q", "fp8 KV, fp8 q", "bf16 KV", "FlashMLA bf16")
+    cols = ("fp8 KV, bf16 q", "fp8 KV, fp8 q", "fp8 KV, bf16 q, pages of 64", "bf16 KV", "FlashMLA bf16")
     fig, ax = plt.subplots(figsize=(12, 4.5))
     w = 0.8 / len(cols)
     for i, c in enumerate(cols):

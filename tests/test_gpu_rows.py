@@ -338,6 +338,72 @@ def test_rows_rescale_when_scores_grow_along_the_sequence(heads, q_len, batch, k
         assert (err <= lim).all(), f"seed {seed} {name}: LSE off by {err.max().item():.3e}"
 
 
+def paged_copy(rows, page, seed, spare=3):
+    """rows' fp8 KV scattered into a cache of pages (random order, spare pages of other random
+    rows): the block table (unused entries out of range), kv_lens, and FlashInfer's indices form."""
+    rng = random.Random(seed)
+    need = [math.ceil(L / page) for L in rows.kv_lens]
+    num_pages = sum(need) + spare
+    pool = list(range(num_pages))
+    rng.shuffle(pool)
+    lists = [[pool.pop() for _ in range(n)] for n in need]
+    fp8, scale = rows.kv["fp8"]
+    g = torch.Generator(device="cuda").manual_seed(seed + 7)
+    cache = quantize_fp8(torch.randn((num_pages * page, 1, QK), generator=g, device="cuda").to(torch.bfloat16))[0]
+    start = 0
+    for b, L in enumerate(rows.kv_lens):
+        for t0 in range(0, L, page):
+            n = min(page, L - t0)
+            pg = lists[b][t0 // page]
+            cache[pg * page:pg * page + n] = fp8[start + t0:start + t0 + n]
+        start += L
+    table = torch.full((rows.batch, max(need) + 1), 1 << 30, dtype=torch.int32)
+    for b, pl in enumerate(lists):
+        table[b, :len(pl)] = torch.tensor(pl, dtype=torch.int32)
+    indices = torch.tensor([p for pl in lists for p in pl], dtype=torch.int32, device="cuda")
+    page_indptr = qo_of([len(pl) for pl in lists])
+    last = torch.tensor([(L - 1) % page + 1 if L else 0 for L in rows.kv_lens], dtype=torch.int32, device="cuda")
+    return (cache, scale), table.cuda(), torch.tensor(rows.kv_lens, dtype=torch.int32, device="cuda"), \
+        (indices, page_indptr, last)
+
+
+@pytest.mark.parametrize("page", [64, 256])
+@pytest.mark.parametrize("heads,q_len,block_m", [(128, 1, 64), (64, 2, 64), (16, 4, 64), (32, 1, 32), (16, 2, 32),
+                                                 (8, 4, 32)])
+def test_rows_body_on_pages_is_bit_identical_to_contiguous(heads, q_len, block_m, page):
+    """Pages of a tile (64 rows) or more: the generic rows body reads the tiles through the block
+    table (and through FlashInfer's indices) with the bulk tensor copy as on contiguous rows, so the
+    output is bit-identical to the contiguous call with the same splits, and within the per-row
+    tolerances of float64; unused table entries hold page ids past the cache."""
+    seed = fresh_seed()
+    rows = Rows(heads, [q_len] * 4, [1300, 65, 2, 700], seed)
+    kv, table, kv_lens, (indices, page_indptr, last) = paged_copy(rows, page, seed)
+    for splits in (1, 3):
+        out_c, lse_c = rows.run("fp8", lse=True, force_generic=True, splits=splits)
+        outs = []
+        for form in ("table", "indices"):
+            out = torch.full_like(out_c, float("nan"))
+            if form == "table":
+                res = mlagen.decode(rows.q, {"fp8": kv}, rows.qo_indptr, None, rows.config, kv_format="fp8", out=out,
+                                    q_len=q_len, page_table=table, page_size=page, kv_lens=kv_lens, return_lse=True,
+                                    force_generic=True, splits=splits)
+            else:
+                res = mlagen.decode(rows.q, {"fp8": kv}, rows.qo_indptr, page_indptr, rows.config, kv_format="fp8",
+                                    out=out, q_len=q_len, kv_indices=indices, kv_last_page_len=last, page_size=page,
+                                    return_lse=True, force_generic=True, splits=splits)
+            torch.cuda.synchronize()
+            k = mlagen.last_kernel()
+            assert k["role"] == "generic_rows" and k["name"].endswith(f"_bm{block_m}") and k["splits"] == splits, k
+            mlagen.check_device_errors()
+            outs.append(res)
+        for (out_p, lse_p), form in zip(outs, ("table", "indices")):
+            assert torch.equal(out_p.view(torch.int16), out_c.view(torch.int16)), \
+                f"seed {seed} page {page} splits {splits} {form}: paged differs from contiguous " \
+                f"(max |d| {(out_p.float() - out_c.float()).abs().max().item():.3g})"
+            assert torch.equal(lse_p, lse_c), f"seed {seed} page {page} splits {splits} {form}: LSE differs"
+        check(rows, outs[0][0], "fp8", seed, outs[0][1])
+
+
 def test_bad_rows_are_refused_naming_the_field():
     rows = Rows(16, [2, 2], [100, 100], 1)
     with pytest.raises(mlagen.MlagenError, match="q_len"):

@@ -344,17 +344,20 @@ def test_row_shapes_select_their_specialized_kernel(heads, q_len, batch, kv_len,
 def test_generic_rows_kernel_takes_rows_in_blocks_of_64_then_32(heads, q_len, block_m):
     """Without a specialization, heads x q_len a multiple of 64 on contiguous fp8 KV takes the
     generic 64-row rows-body kernel (role 3, block_m 64), a multiple of 32 the 32-row one, with
-    splits by their blocks; every other problem, and paged ones, the generic kernel."""
+    splits by their blocks, on pages of 64 rows and more too; every other problem, and smaller
+    pages, the generic kernel."""
     got = _lib.select(Problem.make(48, 2048, num_heads=heads, q_len=q_len))
     assert got["generic"] and got["role"] == ("generic_rows" if block_m else "generic"), got
     if block_m:
         assert got["name"].endswith({64: "_bn64_st3_bm64", 32: "_bn64_bm32"}[block_m]), got["name"]
         blocks = 48 * heads * q_len // block_m
         assert got["splits"] == catalog.heuristic_splits(spec_mod.ROWS_BODY_TARGET_BLOCKS, blocks, 2048)
-        paged = Problem.make(48, 2048, num_heads=heads, q_len=q_len, page_size=64, page_table=0x8000,
-                             page_table_width=32, page_table_stride=32, page_table_len=48 * 32, kv_lens=0x9000,
-                             kv_indptr=None)
-        assert _lib.select(paged)["role"] == "generic"
+        for page, role in ((64, "generic_rows"), (256, "generic_rows"), (32, "generic"), (1, "generic")):
+            width = 2048 // page
+            paged = Problem.make(48, 2048, num_heads=heads, q_len=q_len, page_size=page, page_table=0x8000,
+                                 page_table_width=width, page_table_stride=width, page_table_len=48 * width,
+                                 kv_lens=0x9000, kv_indptr=None)
+            assert _lib.select(paged)["role"] == role, (page, _lib.select(paged))
         with pytest.raises(_lib.MlagenError, match=f"num_heads x q_len a multiple of {block_m}"):
             _lib.select(Problem.make(48, 2048, num_heads=16, q_len=1, kernel_name=got["name"].encode()))
 

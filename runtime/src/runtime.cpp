@@ -196,17 +196,18 @@ mlagen_status check_kv(const mlagen_problem* p, const KernelEntry& e) {
 }
 
 // The generic kernel of the dtypes: a rows body's (role 3) when the problem's query rows fill its
-// blocks (of 64, else of 32: the largest such block the build has), its KV rows are contiguous,
-// else role 1. (Paged: the rows body reads pages through kv_rows.cuh like every body, but no test
-// has held its paged output to a reference on the H200 yet, so paged problems keep the 16-row
-// generic kernel.)
-const KernelEntry* find_generic(int32_t q_dtype, int32_t kv_dtype, int32_t rows, bool paged) {
+// blocks (of 64, else of 32: the largest such block the build has) and its KV tiles are rows back
+// to back (contiguous, or pages of at least a tile: 64 rows), else role 1. (Smaller pages would
+// take the rows body's row-by-row copy every tile, which nothing has measured: they keep the
+// 16-row generic kernel, whose page-id staging is tuned for them, docs/perf.md v17 / v18.)
+const KernelEntry* find_generic(int32_t q_dtype, int32_t kv_dtype, int32_t rows, int32_t page_size) {
   const KernelEntry* rows_body = nullptr;
   const KernelEntry* found = nullptr;
   for (size_t i = 0; i < num_entries(); ++i) {
     const KernelEntry& e = kKernelTable[i];
     if (e.q_dtype != q_dtype || e.kv_dtype != kv_dtype || std::strcmp(e.arch, MLAGEN_BUILD_ARCH)) continue;
-    if (e.role == 3 && rows % e.block_m == 0 && !paged && (!rows_body || e.block_m > rows_body->block_m))
+    if (e.role == 3 && rows % e.block_m == 0 && (page_size == 0 || page_size >= e.block_n) &&
+        (!rows_body || e.block_m > rows_body->block_m))
       rows_body = &e;
     if (e.role == 1 && !found) found = &e;
   }
@@ -271,7 +272,7 @@ mlagen_status choose_entry(const mlagen_problem* p, const KernelEntry** entry, i
       }
     }
   }
-  const KernelEntry* g = find_generic(p->q_dtype, p->kv_dtype, p->num_heads * p->q_len, p->page_size > 0);
+  const KernelEntry* g = find_generic(p->q_dtype, p->kv_dtype, p->num_heads * p->q_len, p->page_size);
   if (!g)
     return fail(MLAGEN_ERR_UNSUPPORTED,
                 "no kernel for key {arch=%s, batch=%d, kv_len=%d, q_dtype=%s, kv_dtype=%s, num_heads=%d, q_len=%d} "
