@@ -70,8 +70,8 @@ struct RowsLayout {
   static constexpr int kColOffset = kRedOffset + 4 * kRows * 4;       // [64] S factors (1 / c x s_scale)
   static constexpr int kEndOffset = kColOffset + kRows * 4;           // [64] causal ends
   static constexpr int kLOffset = kEndOffset + kRows * 4;             // [64] final sums
-  static constexpr int kFlagOffset = kLOffset + kRows * 4;            // [2] whether a tile rescaled
-  static constexpr int kBarOffset = kFlagOffset + 2 * 4;              // full[2], empty[2], sums_ready, kv[stages]
+  static constexpr int kFlagOffset = kLOffset + kRows * 4;            // [2] whether a tile rescaled, [2] a bad page id
+  static constexpr int kBarOffset = kFlagOffset + 4 * 4;              // full[2], empty[2], sums_ready, kv[stages]
   static constexpr int kSmemBytes = kBarOffset + (5 + kStages) * 8 + Tile::kAlign;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory over sm_90's 227 KB a block");
   // setmaxnreg moves registers within the block's launch allocation (ptxas: 65536 / 384 threads,
@@ -123,6 +123,7 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
   int* row_end = reinterpret_cast<int*>(smem + L::kEndOffset);
   float* l_final = reinterpret_cast<float*>(smem + L::kLOffset);
   int* rescaled = reinterpret_cast<int*>(smem + L::kFlagOffset);
+  int* any_bad_page = rescaled + 2;  // paged: an O thread met a page id outside the cache
   auto full = [&](int b) { return s_bar + 8 * b; };
   auto empty = [&](int b) { return s_bar + 16 + 8 * b; };
   const uint32_t sums_ready = s_bar + 32;  // group 0's final sums are in l_final
@@ -145,6 +146,7 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
     for (int b = 0; b < 2; ++b) mbarrier_init(full(b), 128), mbarrier_init(empty(b), 256);
     mbarrier_init(sums_ready, 128);
     for (int b = 0; b < ST; ++b) mbarrier_init(kv_full(b), 256);  // every O thread a phase
+    *any_bad_page = 0;
     fence_mbarrier_init();
   }
   __syncthreads();  // the barriers' init, before the first copies arrive on them
@@ -356,10 +358,14 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
         l[k] = red[row] + red[R + row] + red[2 * R + row] + red[3 * R + row];
         l_final[row] = l[k];
       }
-    // l_final for the O groups, through an mbarrier (a block barrier reached from the two roles'
-    // code is divergent to synccheck)
+    // Pages: only the O groups read page ids (their copies); each sets any_bad_page before its
+    // arrivals on empty, so after the last tile's phase group 0 sees it, and so do the O groups
+    // after sums_ready. (No block barrier: one reached from the two roles' code is divergent to
+    // synccheck.)
+    if (rows.paged() && ntiles > 0) mbarrier_wait(empty((ntiles - 1) % 2), ((ntiles - 1) / 2) & 1);
+    const bool bad = (rows.paged() && *any_bad_page != 0) || seq.bad;
+    // l_final for the O groups, through an mbarrier
     mbarrier_arrive(sums_ready);
-    const bool bad = rows.block_any_bad(p, page_bad) || seq.bad;
     if (w == 0 && g == 0)
 #pragma unroll
       for (int k = 0; k < NS; ++k) {
@@ -429,6 +435,7 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
       wgmma_wait<0>();
 #pragma unroll
       for (int mb = 0; mb < 4; ++mb) wgmma_fence_regs(o[mb]);
+      if (page_bad) *any_bad_page = 1;  // (before the arrival: see group 0's epilogue)
       mbarrier_arrive(empty(it % 2));
       if (it + ST < ntiles) {  // (uniform)
         // this group's part of slot it % ST is read by all its warps (each reads every row of its
@@ -438,8 +445,9 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
         issue_tile(it + ST);
       }
     }
-    mbarrier_wait(sums_ready, 0);  // group 0's sums
-    const bool bad = rows.block_any_bad(p, page_bad) || seq.bad;
+    mbarrier_wait(sums_ready, 0);  // group 0's sums (and any_bad_page: see group 0's epilogue)
+    if (page_bad) flag_error(p, kDevErrPageTable);
+    const bool bad = (rows.paged() && *any_bad_page != 0) || seq.bad;
 #pragma unroll
     for (int j = 0; j < R / 8; ++j)
 #pragma unroll
