@@ -404,6 +404,36 @@ def test_rows_body_on_pages_is_bit_identical_to_contiguous(heads, q_len, block_m
         check(rows, outs[0][0], "fp8", seed, outs[0][1])
 
 
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("heads,q_len", [(128, 2), (32, 1)])
+def test_rows_body_bad_page_id_flags_only_its_sequence(heads, q_len, splits):
+    """A page id outside the cache in one sequence's list: that sequence's rows NaN (LSE too), the
+    error word set, every other sequence bit-identical to the call with a good table."""
+    seed = fresh_seed()
+    rows = Rows(heads, [q_len] * 3, [300, 700, 129], seed)
+    kv, table, kv_lens, _ = paged_copy(rows, 64, seed)
+
+    def run():
+        out = torch.full((rows.q.shape[0], heads, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+        res = mlagen.decode(rows.q, {"fp8": kv}, rows.qo_indptr, None, rows.config, kv_format="fp8", out=out,
+                            q_len=q_len, page_table=table, page_size=64, kv_lens=kv_lens, return_lse=True,
+                            force_generic=True, splits=splits)
+        torch.cuda.synchronize()
+        assert mlagen.last_kernel()["role"] == "generic_rows", mlagen.last_kernel()
+        return res
+    good, good_lse = run()
+    mlagen.check_device_errors()
+    table[1, 5] = kv[0].shape[0] // 64 + 3
+    out, lse = run()
+    b1 = slice(q_len, 2 * q_len)
+    assert torch.isnan(out[b1].float()).all() and torch.isnan(lse[b1]).all(), f"seed {seed}: sequence 1 must be NaN"
+    for b in (0, 2):
+        sl = slice(b * q_len, (b + 1) * q_len)
+        assert torch.equal(out[sl].view(torch.int16), good[sl].view(torch.int16)), f"seed {seed}: sequence {b} changed"
+    with pytest.raises(mlagen.MlagenError, match="page_table holds a page id outside"):
+        mlagen.check_device_errors()
+
+
 def test_bad_rows_are_refused_naming_the_field():
     rows = Rows(16, [2, 2], [100, 100], 1)
     with pytest.raises(mlagen.MlagenError, match="q_len"):
