@@ -163,10 +163,11 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
   const int c8 = wt % 8, rm = wt / 8, c4 = wt % 4, rr = wt / 4 + 32 * oc;
   const uint32_t dst_main = (rm / 8) * 1024 + (rm % 8) * 128 + ((c8 ^ (rm % 8)) * 16);
   const uint32_t dst_rope = Tile::kRopeOffset + (rr / 8) * 512 + (rr % 8) * 64 + ((c4 ^ ((rr % 8) / 2)) * 16);
-  constexpr int kAtoms = 2, kRopeBoxes = 1;  // what one O group brings
-  constexpr uint32_t kBytes = kAtoms * Tile::kAtom128Bytes + kRopeBoxes * KvMaps::kRopeBoxRows * KvMaps::kRopeBoxBytes;
-  static_assert(2 * kBytes == Tile::kStageBytes && KvMaps::kMainBoxRows == BN, "a tile's boxes");
-  const int a0 = 2 * oc, rope0 = 32 * oc;  // the group's first atom, rope row
+  // what one O group brings: two atoms (its V dims) and one rope box (half the rows)
+  constexpr uint32_t kBytes = 2 * Tile::kAtom128Bytes + KvMaps::kRopeBoxRows * KvMaps::kRopeBoxBytes;
+  static_assert(2 * kBytes == Tile::kStageBytes && KvMaps::kMainBoxRows == BN && 2 * KvMaps::kRopeBoxRows == BN,
+                "a tile's boxes");
+  const int a0 = 2 * oc, rope0 = KvMaps::kRopeBoxRows * oc;  // the group's first atom, rope row
   auto issue_tile = [&](int j) {
     if (j >= ntiles) return;
     const int tok0 = tok_begin + j * BN, rows_left = tok_end - tok0;
@@ -176,10 +177,8 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
         const int y = static_cast<int>(rows.row(tok0, page_bad));
         mbarrier_arrive_expect_tx(bar, kBytes);
 #pragma unroll
-        for (int a = a0; a < a0 + kAtoms; ++a) tma_load_2d(dst + a * Tile::kAtom128Bytes, &maps.main, 128 * a, y, bar);
-#pragma unroll
-        for (int i = 0; i < kRopeBoxes; ++i)
-          tma_load_2d(dst + Tile::kRopeOffset + (rope0 + 32 * i) * 64, &maps.rope, 512, y + rope0 + 32 * i, bar);
+        for (int a = a0; a < a0 + 2; ++a) tma_load_2d(dst + a * Tile::kAtom128Bytes, &maps.main, 128 * a, y, bar);
+        tma_load_2d(dst + Tile::kRopeOffset + rope0 * KvMaps::kRopeBoxBytes, &maps.rope, 512, y + rope0, bar);
       } else {
         mbarrier_arrive(bar);
       }
@@ -189,16 +188,12 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
         const int r = rm + 16 * i;
         const uint8_t* src = r < rows_left ? rows.ptr(tok0 + r, page_bad) : nullptr;
 #pragma unroll
-        for (int a = a0; a < a0 + kAtoms; ++a)
+        for (int a = a0; a < a0 + 2; ++a)
           cp_async_16(dst + dst_main + i * 2048 + a * Tile::kAtom128Bytes, src ? src + a * 128 + c8 * 16 : p.kv,
                       src != nullptr);
       }
-#pragma unroll
-      for (int i = 0; i < kRopeBoxes; ++i) {
-        const int r = rr + 32 * i;
-        const uint8_t* src = r < rows_left ? rows.ptr(tok0 + r, page_bad) : nullptr;
-        cp_async_16(dst + dst_rope + i * 2048, src ? src + 512 + c4 * 16 : p.kv, src != nullptr);
-      }
+      const uint8_t* src = rr < rows_left ? rows.ptr(tok0 + rr, page_bad) : nullptr;
+      cp_async_16(dst + dst_rope, src ? src + 512 + c4 * 16 : p.kv, src != nullptr);
       cp_async_mbarrier_arrive_noinc(bar);
     }
   };
