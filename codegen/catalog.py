@@ -43,10 +43,10 @@ PAGED_SPECIALIZED = {"sm90a": dict(dtypes=(("bf16", "fp8e4m3fn"), ("bf16", "bf16
 # are there so that its short last tile and splits run in the tests (tests/test_gpu_rows.py
 # test_rows_body_matches_float64).
 ROWS_SPECIALIZED = {"sm90a": {(128, 1): ((("bf16", "fp8e4m3fn"), ("fp8", "fp8e4m3fn")), ((64, 8192), (128, 4096), (2, 1000))),
-                              (64, 1): ((("bf16", "fp8e4m3fn"),), ((64, 8192),)),
+                              (64, 1): ((("bf16", "fp8e4m3fn"), ("fp8", "fp8e4m3fn")), ((64, 8192),)),
                               (32, 1): ((("bf16", "fp8e4m3fn"), ("fp8", "fp8e4m3fn")), ((64, 8192),)),
                               (16, 2): ((("bf16", "fp8e4m3fn"), ("fp8", "fp8e4m3fn")), ((32, 8192), (64, 8192), (256, 8192), (3, 1000))),
-                              (16, 4): ((("bf16", "fp8e4m3fn"),), ((32, 8192), (64, 8192), (256, 8192), (3, 1000)))}}
+                              (16, 4): ((("bf16", "fp8e4m3fn"), ("fp8", "fp8e4m3fn")), ((32, 8192), (64, 8192), (256, 8192), (3, 1000)))}}
 # The rows body (spec.ROWS_BODY): the specialized kernels above whose heads x q_len is a multiple
 # of 32 take it (64 rows a block where 64 divides them), and so do two generic kernels (role 3,
 # block_m 64 and 32) that the runtime takes instead of the generic kernel for contiguous problems
