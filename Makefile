@@ -10,7 +10,7 @@ JOBS ?= $(shell nproc)
 export MLAGEN_LIBRARY ?= $(abspath $(BUILD)/libmlagen.so)
 export PYTHONPATH := $(abspath runtime/python):$(abspath .):$(PYTHONPATH)
 
-.PHONY: setup gpu-check tune all generate check-generated list build test test-installed test-cpu test-gpu bench sanitize clean bundle bundle-local leaderboard-test leaderboard-bench check-amd check-sm90 lib-amd
+.PHONY: amd-device-cc setup gpu-check tune all generate check-generated list build test test-installed test-cpu test-gpu bench sanitize clean bundle bundle-local leaderboard-test leaderboard-bench check-amd check-sm90 lib-amd
 
 all: build
 
@@ -33,7 +33,7 @@ check-generated:
 
 build: generate
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLAGEN_ARCH=$(ARCH) -DMLAGEN_GEN_ARGS="$(GEN_ARGS)" \
-	  -DMLAGEN_GEN_DIR=$(GEN_DIR)
+	  -DMLAGEN_GEN_DIR=$(GEN_DIR) $(CMAKE_EXTRA)
 	cmake --build $(BUILD) -j $(JOBS)
 	@echo "built $(MLAGEN_LIBRARY)"
 
@@ -74,27 +74,22 @@ SUBMIT_ARCH := gfx950
 SLIM = build/slim-$(1)-$(KV_FORMAT)
 SLIM_GEN_ARGS = --arch $(1) --bundle $(KV_FORMAT)
 
-# $(call slim_cmake,ARCH): the slim library through CMake (NVIDIA; AMD where ROCm's hipcc is)
+# The device compiler for AMD: ROCm's clang where ROCm is; without it, clang-21 in the Debian sid chroot
+# (tools/amd/setup_toolchains.sh sets it up; tools/amd/hip-device-cc runs it). The host part is g++ either way.
+HIP_CLANG_ROUTE = $(if $(shell command -v hipcc),,$(abspath tools/amd/hip-device-cc))
+amd-device-cc:
+	$(if $(HIP_CLANG_ROUTE),tools/amd/setup_toolchains.sh,@echo "device compiles: ROCm's clang")
+
+# $(call slim_cmake,ARCH): the slim library (NVIDIA; AMD through ROCm's clang or the chroot's)
 define slim_cmake
 	cmake -S . -B $(call SLIM,$(1)) -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLAGEN_ARCH=$(1) \
 	  -DMLAGEN_GEN_DIR=$(abspath $(call SLIM,$(1)))/generated -DMLAGEN_GEN_ARGS="$(call SLIM_GEN_ARGS,$(1))" \
-	  -DMLAGEN_LINEINFO=OFF -DMLAGEN_STRIP=ON
+	  -DMLAGEN_LINEINFO=OFF -DMLAGEN_STRIP=ON $(if $(filter gfx%,$(1)),$(if $(HIP_CLANG_ROUTE),-DMLAGEN_HIP_CLANG=$(HIP_CLANG_ROUTE)))
 	cmake --build $(call SLIM,$(1)) -j $(JOBS)
 endef
 
-# $(call slim_chroot,ARCH): the gfx950 slim library without ROCm (sid chroot, clang-21)
-define slim_chroot
-	tools/amd/setup_toolchains.sh
-	$(PYTHON) -m codegen generate $(call SLIM_GEN_ARGS,$(1)) --out $(abspath $(call SLIM,$(1)))/generated
-	cp runtime/src/runtime.cpp $(call SLIM,$(1))/runtime.hip
-	tools/amd/link_gfx950.sh --dlopen-check --gen $(call SLIM,$(1))/generated -o $(call SLIM,$(1))/libmlagen.so \
-	  -DMLAGEN_BUILD_ARCH='"$(1)"' -DMLAGEN_BUILD_$(shell echo $(1) | tr a-z A-Z)=1 \
-	  $(call SLIM,$(1))/runtime.hip $$(ls $(call SLIM,$(1))/generated/mla_decode_$(1)_*.hip | sort)
-	strip --strip-unneeded $(call SLIM,$(1))/libmlagen.so
-endef
-
-bundle:
-	$(if $(shell command -v hipcc),$(call slim_cmake,$(SUBMIT_ARCH)),$(call slim_chroot,$(SUBMIT_ARCH)))
+bundle: $(if $(HIP_CLANG_ROUTE),amd-device-cc)
+	$(call slim_cmake,$(SUBMIT_ARCH))
 	$(PYTHON) tools/bundle.py --lib $(call SLIM,$(SUBMIT_ARCH))/libmlagen.so --arch $(SUBMIT_ARCH) \
 	  --gen-dir $(call SLIM,$(SUBMIT_ARCH))/generated --kv-format $(KV_FORMAT) --out dist/submission.py
 
@@ -121,15 +116,11 @@ check-amd:
 	tools/amd/setup_toolchains.sh
 	$(PYTHON) tools/amd/check_amd.py --sources generated --out build/amd-check
 
-# The gfx950 fat library without ROCm, through the sid chroot (clang-21 + libamdhip64).
-# On a ROCm machine use `make build ARCH=gfx950` (CMake's HIP language) instead.
-lib-amd:
-	@case "$(ARCH)" in gfx950) ;; *) echo "lib-amd: ARCH=gfx950 (the chroot route links gfx950)"; exit 2 ;; esac
-	tools/amd/setup_toolchains.sh
-	mkdir -p build/$(ARCH) && cp runtime/src/runtime.cpp build/$(ARCH)/runtime.hip
-	tools/amd/link_gfx950.sh --dlopen-check -o build/$(ARCH)/libmlagen.so \
-	  -DMLAGEN_BUILD_ARCH='"$(ARCH)"' -DMLAGEN_BUILD_$(shell echo $(ARCH) | tr a-z A-Z)=1 \
-	  build/$(ARCH)/runtime.hip $(sort $(wildcard generated/mla_decode_$(ARCH)_*.hip))
+# An AMD fat library (every generated kernel of ARCH=gfx950 or gfx942): `make build ARCH=...` on a ROCm
+# machine; here, through the chroot's clang (the host part needs no ROCm, so it loads on any Linux).
+lib-amd: amd-device-cc
+	@case "$(ARCH)" in gfx950|gfx942) ;; *) echo "lib-amd: ARCH=gfx950 or gfx942"; exit 2 ;; esac
+	$(MAKE) build ARCH=$(ARCH) CMAKE_EXTRA="$(if $(HIP_CLANG_ROUTE),-DMLAGEN_HIP_CLANG=$(HIP_CLANG_ROUTE))"
 
 clean:
 	rm -rf build dist

@@ -78,7 +78,8 @@ def render(specs: list[KernelSpec]) -> dict[str, str]:
     kernel_t = env.get_template("kernel.hip.j2")
     for s in specs:
         out[s.filename] = kernel_t.render(spec=s, banner=banner, arch_guard=KERNEL_GUARD[s.arch],
-                                          tiling=tiling_expr(s),
+                                          tiling=tiling_expr(s), q8=s.name + "_q8" in s.entry_points,
+                                          combine=s.name + "_combine" in s.entry_points,
                                           spec_json=json.dumps(s.as_dict(), sort_keys=True))
     heads = [str(h) for h in NUM_HEADS]
     out["registry.inc"] = env.get_template("registry.inc.j2").render(

@@ -178,6 +178,24 @@ class KernelSpec:
         return self.arch == "gfx950" and self.kv_dtype == "fp8e4m3fn"
 
     @property
+    def merges_own_splits(self) -> bool:
+        """The decode merges its own splits (its last block of a sequence combines the partials):
+        no `_combine` entry. The generated file static_asserts this against the body's own trait."""
+        return self.native_fp8
+
+    @property
+    def entry_points(self) -> tuple[str, ...]:
+        """The code object's kernels (templates/kernel.hip.j2): the decode; `_q8` and `_amax` for an
+        fp8 q (the decode that quantizes a bf16 q itself, after its amax pre-pass); `_combine` when
+        the kernel may split and does not merge its own splits."""
+        names = [self.name]
+        if self.q_dtype == "fp8":
+            names += [self.name + "_q8", self.name + "_amax"]
+        if self.splits != 1 and not self.merges_own_splits:
+            names.append(self.name + "_combine")
+        return tuple(names)
+
+    @property
     def body(self) -> str:
         """Which device-code body the kernel runs."""
         if self.vendor == "nvidia":

@@ -1,6 +1,6 @@
-// mlagen runtime: input validation, kernel selection over the generated registry, launch.
-// Host-only C++; the CUDA runtime is touched only on the launch / device-query paths, so
-// mlagen_select() and the validation messages work on a machine without a GPU.
+// mlagen runtime: input validation, kernel selection over the generated registry, the C ABI.
+// Host-only C++ linked against no GPU runtime: the loader (gpu.cpp) is reached only on the
+// launch / device paths, so mlagen_select() and the validation messages work without a GPU.
 #include <algorithm>
 #include <cmath>
 #include <cstdarg>
@@ -8,8 +8,9 @@
 #include <cstring>
 #include <new>
 
+#include "gpu.h"
+#include "launch.h"
 #include "mlagen/internal.h"
-#include "mlagen/platform.h"
 
 #include "registry.inc"  // generated: kKernelTable, MLAGEN_FINGERPRINT
 
@@ -321,6 +322,7 @@ mlagen_status fail(mlagen_status status, const char* fmt, ...) {
 struct mlagen_plan_s {
   mlagen_problem problem;
   const mlagen::KernelEntry* entry;
+  const mlagen::CodeObject* object;  // the entry's code object
   int splits;
   size_t workspace_bytes;
   size_t q_align;
@@ -333,6 +335,9 @@ mlagen_status make_plan(const mlagen_problem* p, mlagen_plan_s* plan) {
   int splits = 0;
   const mlagen_status st = choose(p, &e, &splits);
   if (st != MLAGEN_OK) return st;
+  plan->object = find_code_object(e->name);
+  if (!plan->object)
+    return fail(MLAGEN_ERR_UNSUPPORTED, "kernel %s: in the registry but no code object of it in this build", e->name);
   plan->problem = *p;
   plan->problem.kernel_name = nullptr;  // not kept: the caller's string may go
   plan->entry = e;
@@ -460,33 +465,16 @@ mlagen_status mlagen_run(const mlagen_plan_t* plan, const mlagen_args* a, void* 
   p.lse = a->lse;
   p.workspace = a->workspace;
   p.workspace_bytes = plan->workspace_bytes;
-  int caller = -1;
-  if (p.device >= 0) {  // launch on the pointers' device, then give the caller's back
-    hipError_t de = hipGetDevice(&caller);
-    if (de == hipSuccess && caller != p.device) {
-      int count = 0;  // (setting a device that does not exist can succeed and fail the launch after it)
-      de = hipGetDeviceCount(&count);
-      if (de == hipSuccess && p.device >= count)
-        return fail(MLAGEN_ERR_DEVICE, "device=%d: cannot make it current: this process sees %d device(s)", p.device,
-                    count);
-      if (de == hipSuccess) de = hipSetDevice(p.device);
-    }
-    if (de != hipSuccess) return fail(MLAGEN_ERR_DEVICE, "device=%d: cannot make it current: %s", p.device, hipGetErrorString(de));
-    if (caller == p.device) caller = -1;
-  }
-  const mlagen_status st = plan->entry->fn(&p, plan->splits, stream);
-  if (caller >= 0) (void)hipSetDevice(caller);  // best effort: the launch result is what matters
-  return st;
+  gpu::DeviceScope scope(p.device);  // launch on the pointers' device, then give the caller's back
+  if (scope.status() != MLAGEN_OK) return scope.status();
+  return launch_kernel(*plan->object, &p, plan->splits, stream, scope.device());
 }
 
 mlagen_status mlagen_take_device_errors(void* workspace, void* stream, uint32_t* errors) {
   if (!workspace || !errors) return fail(MLAGEN_ERR_INVALID, "workspace/errors: NULL pointer");
   uint32_t host = 0;
-  auto s = static_cast<hipStream_t>(stream);
-  hipError_t e = hipMemcpyAsync(&host, workspace, sizeof(host), hipMemcpyDeviceToHost, s);
-  if (e == hipSuccess) e = hipStreamSynchronize(s);
-  if (e == hipSuccess) e = hipMemsetAsync(workspace, 0, sizeof(host), s);
-  if (e != hipSuccess) return fail(MLAGEN_ERR_DEVICE, "reading the device error word: %s", hipGetErrorString(e));
+  const mlagen_status st = gpu::take_word(workspace, stream, &host);
+  if (st != MLAGEN_OK) return st;
   *errors = host;
   if (host)
     return fail(MLAGEN_ERR_INPUT_DATA, "device-side input check failed (0x%x):%s%s%s", host,
@@ -509,29 +497,83 @@ mlagen_status mlagen_kernel_at(int32_t i, mlagen_kernel_info* info) {
 const char* mlagen_fingerprint(void) { return MLAGEN_FINGERPRINT; }
 const char* mlagen_build_archs(void) { return MLAGEN_BUILD_ARCH; }
 
-mlagen_status mlagen_check_device(void) {
-  int dev = 0;
-  hipError_t e = hipGetDevice(&dev);
-  if (e != hipSuccess) return fail(MLAGEN_ERR_DEVICE, "no usable GPU: %s", hipGetErrorString(e));
-  char arch[64];
-#if defined(MLAGEN_NVIDIA)
-  int major = 0, minor = 0;
-  e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-  if (e != cudaSuccess) return fail(MLAGEN_ERR_DEVICE, "no usable GPU: %s", cudaGetErrorString(e));
-  std::snprintf(arch, sizeof(arch), "sm%d%d", major, minor);
-  // sm_90a code runs on compute capability 9.0 only (arch-specific features).
-  if (!std::strcmp(MLAGEN_BUILD_ARCH, "sm90a") && major == 9 && minor == 0) return MLAGEN_OK;
-#else
-  hipDeviceProp_t prop;
-  e = hipGetDeviceProperties(&prop, dev);
-  if (e != hipSuccess) return fail(MLAGEN_ERR_DEVICE, "no usable GPU: %s", hipGetErrorString(e));
-  std::snprintf(arch, sizeof(arch), "%s", prop.gcnArchName);  // e.g. "gfx950:sramecc+:xnack-"
-  if (char* colon = std::strchr(arch, ':')) *colon = 0;
-  if (!std::strcmp(MLAGEN_BUILD_ARCH, arch)) return MLAGEN_OK;
-#endif
-  return fail(MLAGEN_ERR_DEVICE, "this GPU is %s (device %d); this mlagen library was built for %s only: rebuild with "
-              "ARCH=<your arch>", arch, dev, MLAGEN_BUILD_ARCH);
+mlagen_status mlagen_check_device(void) { return gpu::check_current_device(); }
+
+int32_t mlagen_num_code_objects(void) {
+  size_t n = 0;
+  code_objects(&n);
+  return static_cast<int32_t>(n);
 }
+
+mlagen_status mlagen_code_object_at(int32_t i, mlagen_code_object* out) {
+  size_t n = 0;
+  const CodeObject* all = code_objects(&n);
+  if (i < 0 || static_cast<size_t>(i) >= n || !out)
+    return fail(MLAGEN_ERR_INVALID, "code object index %d: expected 0..%d and a place to write it", i, static_cast<int>(n) - 1);
+  out->name = all[i].name;
+  out->data = all[i].begin;
+  out->size = static_cast<size_t>(all[i].end - all[i].begin);
+  return MLAGEN_OK;
+}
+
+namespace {
+// Entry point i of all code objects in order (each object's entries in kEntrySuffix order).
+bool entry_at(int32_t i, mlagen_entry_point* out) {
+  thread_local char name[256];
+  size_t n = 0;
+  const CodeObject* all = code_objects(&n);
+  for (size_t o = 0; o < n; ++o) {
+    const device::LaunchInfo& info = all[o].info;
+    for (int k = 0; k < kEntryKinds; ++k) {
+      if (!(all[o].entries & (1 << k)) || i-- > 0) continue;
+      std::snprintf(name, sizeof(name), "%s%s", all[o].name, kEntrySuffix[k]);
+      const bool decode = k == 0 || k == 1;  // the decodes take the maps too (rows body)
+      *out = mlagen_entry_point{};
+      out->name = name;
+      out->code_object = static_cast<int32_t>(o);
+      out->num_args = decode && info.rows_body ? 2 : 1;
+      out->arg_bytes[0] = static_cast<int32_t>(sizeof(device::Params));
+      out->arg_align[0] = static_cast<int32_t>(alignof(device::Params));
+      if (out->num_args == 2) {
+        out->arg_bytes[1] = static_cast<int32_t>(sizeof(device::KvMapsAbi));
+        out->arg_align[1] = static_cast<int32_t>(alignof(device::KvMapsAbi));
+      }
+      out->threads = k == 0 ? info.threads : k == 1 ? info.q8_threads : k == 2 ? info.amax_threads : info.combine_threads;
+      out->smem_bytes = k == 0 ? info.smem_bytes : k == 1 ? info.q8_smem_bytes : 0;
+      return true;
+    }
+  }
+  return false;
+}
+}  // namespace
+
+int32_t mlagen_num_entry_points(void) {
+  int32_t n = 0;
+  mlagen_entry_point e;
+  while (entry_at(n, &e)) ++n;
+  return n;
+}
+
+mlagen_status mlagen_entry_point_at(int32_t i, mlagen_entry_point* out) {
+  if (!out || i < 0 || !entry_at(i, out))
+    return fail(MLAGEN_ERR_INVALID, "entry point index %d: expected 0..%d and a place to write it", i,
+                mlagen_num_entry_points() - 1);
+  return MLAGEN_OK;
+}
+
+mlagen_status mlagen_load_kernels(int32_t device) {
+  gpu::DeviceScope scope(device);
+  if (scope.status() != MLAGEN_OK) return scope.status();
+  size_t n = 0;
+  const CodeObject* all = code_objects(&n);
+  for (size_t o = 0; o < n; ++o) {
+    const gpu::Functions* f = nullptr;
+    const mlagen_status st = gpu::functions(all[o], scope.device(), &f);
+    if (st != MLAGEN_OK) return st;
+  }
+  return MLAGEN_OK;
+}
+
+const char* mlagen_gpu_runtime(void) { return gpu::runtime_path(); }
 
 }  // extern "C"

@@ -25,11 +25,14 @@ it matters only to the chain term). Launch overhead is not modelled (kernel time
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
 import re
 import shutil
 import subprocess
+import sys
 
 CLOCK_HZ = 2.4e9
 CUS = 256
@@ -272,25 +275,33 @@ def llvm_mca(chroot: str, instrs: list[str], mcpu: str = "gfx950") -> dict:
     return {"block_rthroughput_cycles": float(m.group(1)), "total_cycles_10_iterations": int(t.group(1)) if t else None}
 
 
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CENSUS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "calibration", "opus_16mx1_16nx8_census.json")
+AITER_KERNEL_HEADER = "csrc/kernels/mla/opus/mla_decode_fwd_16mx1_16nx8_fp8fp8_ps_opus.hpp"
+AITER_DIRS = ("csrc/include/opus", "csrc/kernels/mla/opus")
+CALIB_FLAGS = ["-x", "hip", "-std=c++20", "--offload-arch=gfx950", "--offload-device-only", "-O3", "-S"]
+
+
 def aiter_sources(repo: str) -> tuple[str | None, str]:
     """ROCm/aiter's opus headers at AITER_COMMIT: $MLAGEN_AITER_DIR, .toolchains/aiter, or a
-    shallow fetch of that one commit. Returns (dir, why-not)."""
+    shallow fetch of that one commit (not with MLAGEN_AITER_FETCH=0). Returns (dir, why-not)."""
     for d in (os.environ.get("MLAGEN_AITER_DIR"), os.path.join(repo, ".toolchains", "aiter")):
-        if d and os.path.exists(os.path.join(d, "csrc", "kernels", "mla", "opus",
-                                             "mla_decode_fwd_16mx1_16nx8_fp8fp8_ps_opus.hpp")):
+        if d and os.path.exists(os.path.join(d, AITER_KERNEL_HEADER)):
             return d, ""
+    if os.environ.get("MLAGEN_AITER_FETCH") == "0":
+        return None, "no aiter sources ($MLAGEN_AITER_DIR, .toolchains/aiter) and MLAGEN_AITER_FETCH=0"
     d = os.path.join(repo, ".toolchains", "aiter")
     tmp = d + ".git-tmp"
     shutil.rmtree(tmp, ignore_errors=True)
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
     try:
         for cmd in (["git", "init", "-q", tmp],
                     ["git", "-C", tmp, "fetch", "-q", "--depth", "1", "https://github.com/ROCm/aiter", AITER_COMMIT]):
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
             if r.returncode:
                 return None, f"{' '.join(cmd[:4])}: {(r.stderr or r.stdout).strip()[-200:]}"
         os.makedirs(d, exist_ok=True)
-        arch = subprocess.run(["git", "-C", tmp, "archive", "FETCH_HEAD", "csrc/include/opus", "csrc/kernels/mla/opus"],
-                              capture_output=True, timeout=300)
+        arch = subprocess.run(["git", "-C", tmp, "archive", "FETCH_HEAD", *AITER_DIRS], capture_output=True, timeout=300)
         subprocess.run(["tar", "-x", "-C", d], input=arch.stdout, check=True)
         return d, ""
     except Exception as e:  # noqa: BLE001
@@ -299,38 +310,129 @@ def aiter_sources(repo: str) -> tuple[str | None, str]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def calibrate(repo: str, chroot: str, out_dir: str) -> dict:
-    """Compiles aiter's OPUS 16-head fp8 decode in the chroot, runs the same census and model at
-    256x8192 and compares with AMD's measured time."""
+def git_blob_id(path: str) -> str:
+    """The git blob id of a file (what `git ls-tree <commit> <path>` prints for it)."""
+    data = open(path, "rb").read()
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def source_blobs(src: str) -> dict:
+    out = {}
+    for top in AITER_DIRS:
+        for dp, _, files in os.walk(os.path.join(src, top)):
+            for f in files:
+                if f.endswith((".h", ".hpp")):
+                    full = os.path.join(dp, f)
+                    out[os.path.relpath(full, src)] = git_blob_id(full)
+    return dict(sorted(out.items()))
+
+
+def loop_mnemonics(instrs: list[str]) -> dict:
+    """What census() reads of each instruction: its mnemonic, and ' lds' for a load into LDS."""
+    out: dict[str, int] = {}
+    for ins in instrs:
+        key = ins.split()[0] + (" lds" if " lds" in ins else "")
+        out[key] = out.get(key, 0) + 1
+    return dict(sorted(out.items()))
+
+
+def instrs_from_mnemonics(m: dict) -> list[str]:
+    return [k for k, n in m.items() for _ in range(n)]
+
+
+def compile_census(repo: str, chroot: str, out_dir: str) -> tuple[dict | None, list[str], str]:
+    """Compiles aiter's OPUS kernel in the chroot and takes the census the calibration reads.
+    Returns (record in the committed file's form, the hot loop's instructions, why-not)."""
     src, why = aiter_sources(repo)
     if not src:
-        return {"skipped": why}
+        return None, [], why
+    clang = "/usr/bin/clang++-21"
+    if not os.path.exists(chroot + clang):
+        return None, [], f"no clang++-21 in the chroot {chroot} (tools/amd/setup_toolchains.sh)"
     work = os.path.join(chroot, "work", f"calib-{os.getpid()}")
     shutil.rmtree(work, ignore_errors=True)
     shutil.copytree(src, work)
     with open(os.path.join(work, "calib.hip"), "w") as f:
         f.write(CALIB_SOURCE)
     inside = f"/work/calib-{os.getpid()}"
-    cmd = ["chroot", chroot, "clang++-21", "-x", "hip", "-std=c++20", "--offload-arch=gfx950", "--offload-device-only",
-           "-O3", "-S", "-I", f"{inside}/csrc/include", "-I", f"{inside}/csrc/kernels/mla", "-o", f"{inside}/calib.s",
-           f"{inside}/calib.hip"]
+    includes = ["-I", f"{inside}/csrc/include", "-I", f"{inside}/csrc/kernels/mla"]
+    cmd = ["chroot", chroot, "clang++-21", *CALIB_FLAGS, *includes, "-o", f"{inside}/calib.s", f"{inside}/calib.hip"]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         if r.returncode:
-            return {"skipped": "aiter kernel did not compile: " + r.stderr[-400:]}
+            return None, [], "aiter kernel did not compile: " + r.stderr[-400:]
+        os.makedirs(out_dir, exist_ok=True)
         asm_path = os.path.join(out_dir, "aiter-opus-16mx1_16nx8.s")
         shutil.copy(os.path.join(work, "calib.s"), asm_path)
+        v = subprocess.run(["chroot", chroot, "clang++-21", "--version"], capture_output=True, text=True, timeout=60)
+        version = (v.stdout.splitlines() or ["?"])[0].strip()
+    except Exception as e:  # noqa: BLE001 - reported, the committed census stands in
+        return None, [], f"compiling aiter's kernel in {chroot}: {e}"
     finally:
         shutil.rmtree(work, ignore_errors=True)
     asm = open(asm_path).read()
     name = decode_kernel_name(asm)
+    if not name:
+        return None, [], "no opus kernel in the calibration assembly"
     loop = hot_loop(function_body(asm, name))
-    c = census(loop)
+    rec = {
+        "what": "The instruction census of aiter's OPUS 16-head fp8 MLA decode kernel, the input of "
+                "tools/amd/cost_model.py calibrate(): the hot loop's instructions by mnemonic (what census() "
+                "reads of each), the census, the kernel's occupancy. Regenerate: python3 tools/amd/cost_model.py "
+                "--write-census (needs the sid chroot and aiter's sources: $MLAGEN_AITER_DIR, .toolchains/aiter "
+                "or network).",
+        "provenance": {
+            "repo": "https://github.com/ROCm/aiter", "commit": AITER_COMMIT, "kernel_header": AITER_KERNEL_HEADER,
+            "source_blobs": source_blobs(src),
+            "instantiation": CALIB_SOURCE,
+            "compiler": version, "compiler_where": "Debian sid chroot (tools/amd/setup_toolchains.sh)",
+            "flags": " ".join(CALIB_FLAGS + ["-I", "csrc/include", "-I", "csrc/kernels/mla"]),
+            "kernel_symbol": name,
+            "assembly_sha256": hashlib.sha256(asm.encode()).hexdigest(),
+            "assembly_bytes": len(asm.encode()),
+            "hot_loop_sha256": hashlib.sha256("\n".join(loop).encode()).hexdigest(),
+        },
+        "occupancy_waves_per_simd": occupancy(asm, name),
+        "group_segment_fixed_size": lds_bytes(asm),
+        "hot_loop_instructions": len(loop),
+        "hot_loop_mnemonics": loop_mnemonics(loop),
+        "census": census(loop),
+    }
+    return rec, loop, ""
+
+
+def load_committed_census(path: str = CENSUS_FILE) -> dict | None:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def compare_census(fresh: dict, committed: dict) -> dict:
+    """Where a fresh census and the committed one differ (empty: they agree)."""
+    diff = {}
+    for k in ("occupancy_waves_per_simd", "hot_loop_instructions", "hot_loop_mnemonics", "census"):
+        if fresh.get(k) != committed.get(k):
+            if k == "hot_loop_mnemonics":
+                a, b = fresh.get(k) or {}, committed.get(k) or {}
+                diff[k] = {m: [b.get(m, 0), a.get(m, 0)] for m in sorted(set(a) | set(b)) if a.get(m) != b.get(m)}
+            else:
+                diff[k] = [committed.get(k), fresh.get(k)]
+    fp, cp = fresh.get("provenance", {}), committed.get("provenance", {})
+    for k in ("commit", "source_blobs", "compiler", "hot_loop_sha256"):
+        if fp.get(k) != cp.get(k):
+            diff["provenance." + k] = "differs"
+    return diff
+
+
+def model_calibration(c: dict, occ: int) -> dict:
+    """The cost model on aiter's kernel at 256x8192 from its hot-loop census and occupancy."""
     pt = per_token(c)
     batch, kv_len = 256, 8192
     # persistent: one worker a CU (8 waves, 2 a SIMD), 128-token phases (16 tokens a wave),
     # prefetch distance 2 (steps overlap the load latency); rows scattered (page size 1)
-    wps = min(occupancy(asm, name), 2)
+    wps = min(occ, 2)
     phases = batch * kv_len // (128 * CUS)
     r = model(pt, batch=batch, kv_len=kv_len, splits=1, waves_per_block=8, waves_per_simd=wps,
               tiles_in_series=phases, steps_in_series=phases, step_tokens_per_wave=16,
@@ -347,9 +449,50 @@ def calibrate(repo: str, chroot: str, out_dir: str) -> dict:
             "mfma": c["mfma"], "census": c, "valu_cycles_per_token": round(pt["valu_cycles_per_token"], 2),
             "mfma_cycles_per_token": round(pt["mfma_cycles_per_token"], 2),
             "lds_bytes_per_token": round(pt["lds_bytes_per_token"], 1), "waves_per_simd": wps,
-            "llvm_mca": llvm_mca(chroot, loop),
             "assumptions": "AMD's 228 us taken on page-size-1 (scattered) rows, the leaderboard reference's layout; "
                            "bandwidth 5.44 TB/s = AMD's probe for scattered 576-byte rows"}
+
+
+def calibrate(repo: str, chroot: str, out_dir: str, fresh: bool = True, census_file: str = CENSUS_FILE) -> dict:
+    """The cost model on aiter's OPUS 16-head fp8 decode at 256x8192 against AMD's measured time.
+
+    The census comes from a fresh compile of aiter's kernel in the chroot where aiter's sources
+    can be had (then it is compared with the committed one), else from the committed census
+    (tools/amd/calibration/, with its provenance): CI, without network, computes the calibration
+    every run. `source` says which; "skipped" only when neither exists."""
+    committed = load_committed_census(census_file)
+    rel_file = os.path.relpath(census_file, repo) if census_file.startswith(repo) else census_file
+    rec, loop, why = (None, [], "not attempted (fresh=False)")
+    if fresh:
+        rec, loop, why = compile_census(repo, chroot, out_dir)
+    if rec:
+        out = model_calibration(rec["census"], rec["occupancy_waves_per_simd"])
+        prov = rec["provenance"]
+        out["source"] = "fresh"
+        out["source_detail"] = (f"compiled now: ROCm/aiter@{prov['commit'][:10]} {AITER_KERNEL_HEADER} with "
+                                f"{prov['compiler']} in the chroot")
+        if committed:
+            diff = compare_census(rec, committed)
+            out["committed_census"] = {"file": rel_file, "matches": not diff, "differences": diff}
+        else:
+            out["committed_census"] = {"file": rel_file, "matches": False, "differences": {"file": "missing"}}
+        out["llvm_mca"] = llvm_mca(chroot, loop)
+    elif committed:
+        c = census(instrs_from_mnemonics(committed["hot_loop_mnemonics"]))
+        out = model_calibration(c, committed["occupancy_waves_per_simd"])
+        prov = committed["provenance"]
+        out["source"] = "committed"
+        out["source_detail"] = (f"committed census {rel_file}: ROCm/aiter@{prov['commit'][:10]} "
+                                f"{prov['kernel_header']} compiled with {prov['compiler']}")
+        out["fresh"] = {"skipped": why}
+        # census() re-run on the committed mnemonics: differs from the stored census only if the
+        # pricing tables (MFMA_CYCLES, LDS_BYTES, ...) changed since it was written
+        out["committed_census"] = {"file": rel_file, "census_as_stored": c == committed["census"]}
+        out["llvm_mca"] = {"skipped": "the committed census holds no instruction text (llvm-mca runs on a fresh compile)"}
+    else:
+        return {"skipped": f"{why}; and no committed census at {rel_file}"}
+    out["provenance"] = {k: prov[k] for k in ("repo", "commit", "kernel_header", "compiler", "flags", "kernel_symbol")}
+    return out
 
 
 def cost_report(repo: str, chroot: str, out_dir: str, results: list) -> dict:
@@ -388,10 +531,54 @@ def print_cost(rep: dict) -> None:
               f"{r['valu_cycles_per_token']:>8} {r['mfma_cycles_per_token']:>8} {r['lds_bytes_per_token']:>9} "
               f"{r['waves_per_simd']:>6} {r['tiles_in_series']:>5} {t['memory']:>7} {t['issue']:>7} {t['lds']:>7} "
               f"{t['chain']:>7} {r['modelled_us']:>8} {r['bound']}")
-    c = rep["calibration"]
+    print_calibration(rep["calibration"])
+
+
+def print_calibration(c: dict) -> None:
     if "skipped" in c:
         print(f"calibration: SKIPPED ({c['skipped']})")
+        return
+    print(f"calibration: {c['kernel']} {c['shape']}: modelled {c['modelled_us']} us vs measured "
+          f"{c['measured_us']} us ({100 * c['error']:+.1f}%, {c['bound']}-bound); "
+          f"valu/tok {c['valu_cycles_per_token']} mfma/tok {c['mfma_cycles_per_token']}; llvm-mca {c['llvm_mca']}")
+    print(f"calibration source: {c['source']}: {c['source_detail']}")
+    cc = c.get("committed_census", {})
+    if c["source"] == "committed":
+        print(f"calibration: fresh compile not possible ({c['fresh']['skipped'][-200:]})")
+        if not cc.get("census_as_stored"):
+            print(f"calibration: WARNING: census() prices the committed mnemonics differently from the stored "
+                  f"census ({cc.get('file')}): the pricing tables changed; regenerate it (--write-census)")
+    elif not cc.get("matches"):
+        print(f"calibration: WARNING: the fresh census differs from the committed {cc.get('file')}: "
+              f"{json.dumps(cc.get('differences'))[:600]}; regenerate it: python3 tools/amd/cost_model.py --write-census")
     else:
-        print(f"calibration: {c['kernel']} {c['shape']}: modelled {c['modelled_us']} us vs measured "
-              f"{c['measured_us']} us ({100 * c['error']:+.1f}%, {c['bound']}-bound); "
-              f"valu/tok {c['valu_cycles_per_token']} mfma/tok {c['mfma_cycles_per_token']}; llvm-mca {c['llvm_mca']}")
+        print(f"calibration: the fresh census matches the committed {cc.get('file')}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    ap = argparse.ArgumentParser(description="The cost model's calibration on aiter's OPUS decode kernel.")
+    ap.add_argument("--chroot", default=os.environ.get("MLAGEN_AMD_CHROOT") or os.path.join(REPO, ".toolchains", "sid"))
+    ap.add_argument("--out", default=os.path.join(REPO, "build", "amd-check"), help="where the aiter assembly goes")
+    ap.add_argument("--offline", action="store_true", help="the committed census only (no compile, no fetch)")
+    ap.add_argument("--write-census", action="store_true",
+                    help=f"compile aiter's kernel and write the census to {os.path.relpath(CENSUS_FILE, REPO)}")
+    a = ap.parse_args(argv)
+    if a.write_census:
+        rec, _, why = compile_census(REPO, a.chroot, a.out)
+        if not rec:
+            print(f"cost_model: cannot write the census: {why}")
+            return 1
+        os.makedirs(os.path.dirname(CENSUS_FILE), exist_ok=True)
+        with open(CENSUS_FILE, "w") as f:
+            json.dump(rec, f, indent=1)
+            f.write("\n")
+        print(f"cost_model: wrote {os.path.relpath(CENSUS_FILE, REPO)} ({os.path.getsize(CENSUS_FILE)} bytes)")
+    c = calibrate(REPO, a.chroot, a.out, fresh=not a.offline)
+    print(json.dumps(c, indent=1))
+    print_calibration(c)
+    return 0 if "skipped" not in c and c["within_15pct"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -6,8 +6,6 @@
 
 namespace mlagen {
 
-using LaunchFn = mlagen_status (*)(const mlagen_problem* p, int32_t splits, void* stream);
-
 // One row of the generated registry (generated/registry.inc).
 struct KernelEntry {
   const char* arch;
@@ -22,12 +20,11 @@ struct KernelEntry {
   int32_t block_m;  // query rows a block: 16, or 32 / 64 (the sm90a rows body: heads x q_len a multiple of it)
   int32_t role;  // 0 specialized, 1 generic, 2 tuning candidate (reachable by name only), 3 generic rows body (one a block_m)
   int32_t target_blocks;  // resident blocks the split heuristic aims for (SMs x blocks an SM)
-  LaunchFn fn;
-  const char* name;
+  const char* name;       // also its code object's and its entry points' (runtime/src/gpu.h CodeObject)
 };
 
 // Device workspace: [0, 1024) the error word (at 0) and the fp8-q pre-pass maxima (at 64,
-// up to 240 floats: formats.cuh kQAmaxOffset / kQAmaxParts). When split: one arrival counter a
+// up to 240 floats: kernel_abi.h kQAmaxOffset / kQAmaxParts). When split: one arrival counter a
 // sequence at a FIXED place, [1024, 1024 + 4 * 65536) (the kernels that merge their own splits
 // count arrivals there and reset each counter to 0: it stays zero between calls, and no other
 // problem's layout puts partials there, so a workspace shared by problems of different sizes

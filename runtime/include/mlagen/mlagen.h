@@ -175,8 +175,39 @@ MLAGEN_API int32_t mlagen_num_kernels(void);
 MLAGEN_API mlagen_status mlagen_kernel_at(int32_t i, mlagen_kernel_info* info);
 MLAGEN_API const char* mlagen_fingerprint(void);  /* hash of specs + templates + generator */
 MLAGEN_API const char* mlagen_build_archs(void);  /* e.g. "sm90a" */
-/* Checks that the current device is one this library has code for. */
+/* Checks that the current device is one this library has code for (and loads its code there). */
 MLAGEN_API mlagen_status mlagen_check_device(void);
+
+/* ---- code objects. The kernels are GPU code objects (an sm_90a cubin; a gfx950 / gfx942 hsaco, code
+   object v5) embedded in this library, loaded per device on first use through the GPU runtime the
+   process already has: the CUDA driver (libcuda.so.1) or the HIP runtime (libamdhip64.so.*, e.g.
+   torch's own copy), found among the loaded objects or else by name, its module API resolved once.
+   The library links no GPU runtime. Each object holds one generated kernel's entry points. */
+typedef struct {
+  const char* name;   /* the kernel's spec name (mlagen_kernel_info.name) */
+  const void* data;   /* the object's bytes (an ELF file), inside this library */
+  size_t size;
+} mlagen_code_object;
+MLAGEN_API int32_t mlagen_num_code_objects(void);
+MLAGEN_API mlagen_status mlagen_code_object_at(int32_t i, mlagen_code_object* out);
+/* Every entry point the library may launch, with the arguments the host packs for it (by value, in
+   order; offsets follow each argument's alignment): what each code object's own metadata must declare. */
+typedef struct {
+  const char* name;        /* the entry's symbol, e.g. <kernel>_combine */
+  int32_t code_object;     /* index for mlagen_code_object_at */
+  int32_t num_args;
+  int32_t arg_bytes[2];
+  int32_t arg_align[2];
+  int32_t threads;         /* block size it is launched with */
+  int32_t smem_bytes;      /* dynamic shared memory it is launched with */
+} mlagen_entry_point;
+MLAGEN_API int32_t mlagen_num_entry_points(void);
+MLAGEN_API mlagen_status mlagen_entry_point_at(int32_t i, mlagen_entry_point* out);
+/* Loads every code object on `device` (-1: the current one) now instead of at each kernel's first
+   launch, looking up each entry point: a GPU or runtime that cannot take them fails here. */
+MLAGEN_API mlagen_status mlagen_load_kernels(int32_t device);
+/* The GPU runtime library the loader resolved (its path), or "" before the first GPU call. */
+MLAGEN_API const char* mlagen_gpu_runtime(void);
 
 #ifdef __cplusplus
 }

@@ -197,8 +197,7 @@ constexpr int kFp8MinExp = -7;
 constexpr float kFp8Max = 448.f;  // e4m3fn (NVIDIA, gfx950)
 constexpr int kFp8MinExp = -6;
 #endif
-constexpr int kQAmaxParts = 240;   // pre-pass blocks at most (their maxima sit in the workspace)
-constexpr int kQAmaxOffset = 64;   // workspace byte offset of the maxima (inside its reserved 1 KB)
+// kQAmaxParts / kQAmaxOffset: the pre-pass maxima in the workspace (kernel_abi.h, the host sizes them)
 
 // The largest of two magnitudes (>= 0) that keeps a NaN: on the bits of non-negative floats
 // the integer order is the float order, and every NaN lies above +Inf. (fmaxf would drop it,
@@ -319,14 +318,14 @@ MLAGEN_DEVICE int f16_q_shift(float amax) {
 
 // The pre-pass of fp8 q quantized here: block i writes max|q| over rows i, i + grid, ...
 // in 16-byte loads, all of them in flight at once. kThreads threads; grid = min(total_q,
-// kQAmaxParts). (A template: one definition however many generated files include it.)
+// kQAmaxParts).
 MLAGEN_DEVICE float absmax_bf16x8(uint4 v) {
   const float a = nan_max(nan_max(fabsf(bf16_lo(v.x)), fabsf(bf16_hi(v.x))), nan_max(fabsf(bf16_lo(v.y)), fabsf(bf16_hi(v.y))));
   const float b = nan_max(nan_max(fabsf(bf16_lo(v.z)), fabsf(bf16_hi(v.z))), nan_max(fabsf(bf16_lo(v.w)), fabsf(bf16_hi(v.w))));
   return nan_max(a, b);
 }
-template <int kThreads = 256>
-__global__ void __launch_bounds__(kThreads) q_amax_kernel(const Params p) {
+template <int kThreads>
+MLAGEN_DEVICE void q_amax_block(const Params& p) {  // entry.cuh: a code object's `<name>_amax`
   allow_dependent_launch();  // the decode grid may start its KV loads now
   const int kChunks = p.num_heads * (kQkDim / 8);  // 16-byte pieces of a q row (72 a head)
   const uint16_t* q = static_cast<const uint16_t*>(p.q);

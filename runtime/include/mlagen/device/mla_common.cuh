@@ -165,8 +165,9 @@ struct SplitMerge {
 // grid still runs, then merges online with the loads of 8 splits in flight at once: one L2
 // round trip per 8 splits after the wait. A split flagged bad (NaN sum) makes the row NaN,
 // as one split does.
+// (entry.cuh: the body of a code object's `<name>_combine`, kCombineThreads a block.)
 template <class T, class Shape>
-__global__ void __launch_bounds__(128) mla_combine_kernel(const Params p) {
+MLAGEN_DEVICE void mla_combine_block(const Params& p) {
   constexpr int kGroup = 8;
   const int per_seq = Shape::row_groups(p) * kHeads;
   const int b = blockIdx.x / per_seq, r = blockIdx.x % per_seq;

@@ -524,10 +524,12 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
   }
 }
 
+// A decode block (entry.cuh: a code object's `<name>` entry, __launch_bounds__(kThreads,
+// kMinBlocksPerSm)).
 template <class T, class Shape>
-__global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm) mla_decode_kernel(const Params p) {
+MLAGEN_DEVICE void mla_decode_block(const Params& p) {
   extern __shared__ __align__(128) uint8_t smem[];
-  static_assert(!RowsBody<T>::value, "the rows body is mla_decode_rows_kernel (it takes the KV tensor maps too)");
+  static_assert(!RowsBody<T>::value, "the rows body is mla_decode_rows_block (it takes the KV tensor maps too)");
   if constexpr (T::kWide)
     decode_wide<T, Shape>(p, smem);
   else if constexpr (T::kWarpgroupBf16)
@@ -538,11 +540,10 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm) mla_decode_ke
     decode_fp8<T, Shape>(p, smem);
 }
 
-// The rows body's kernel: the KV tensor maps in parameter space (__grid_constant__), where the
-// bulk tensor copy reads them.
+// The rows body's block: the KV tensor maps stay in parameter space (the entry's
+// __grid_constant__ argument), where the bulk tensor copy reads them.
 template <class T, class Shape>
-__global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
-    mla_decode_rows_kernel(const Params p, const __grid_constant__ KvMaps maps) {
+MLAGEN_DEVICE void mla_decode_rows_block(const Params& p, const KvMaps& maps) {
   extern __shared__ __align__(128) uint8_t smem[];
   decode_rows<T, Shape>(p, maps, smem);
 }

@@ -520,7 +520,7 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
 }
 
 template <class T, class Shape>
-__global__ void __launch_bounds__(T::kThreads) mla_decode_kernel(const Params p) {
+MLAGEN_DEVICE void mla_decode_block(const Params& p) {  // entry.cuh: a code object's `<name>` entry
   extern __shared__ __attribute__((aligned(16))) uint8_t smem[];
   if constexpr (T::kNative)
     decode_fp8_native<T, Shape>(p, smem);

@@ -243,7 +243,7 @@ MLAGEN_DEVICE void accumulate_pv(const uint8_t* stage, uint64_t pb, int i, int j
 }
 
 // Merges the splits' partials of one query row, dims d0 .. d0 + 31 (SplitMerge, as
-// mla_combine_kernel does) and writes the bf16 row at (tok, head); the thread of dims 0 .. 31
+// mla_combine_block does) and writes the bf16 row at (tok, head); the thread of dims 0 .. 31
 // writes the LSE. Split s's partial row is part0 + s * stride (QueryRows::part of split 0, and
 // the part rows a split holds: row_groups * 16).
 MLAGEN_DEVICE void merge_splits(const Params& p, int splits, int64_t part0, int64_t stride, int64_t tok, int head,

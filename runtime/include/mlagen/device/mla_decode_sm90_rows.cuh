@@ -44,14 +44,11 @@
 
 namespace mlagen::device {
 
-// The KV rows as two 2D tensor maps of bytes ([total_kv rows, 576], the rows' stride) for the bulk
-// tensor copy of a tile (launch.cuh kv_maps encodes them per call): `main` boxes of 64 rows x 128
-// bytes with the 128-byte swizzle (one atom of the tile's nope dims), `rope` boxes of 32 rows x 64
-// bytes with the 64-byte swizzle: the tile's own layout (WgLayout::kv_at).
-struct KvMaps {
-  CUtensorMap main, rope;
-  static constexpr int kMainBoxRows = 64, kMainBoxBytes = 128, kRopeBoxRows = 32, kRopeBoxBytes = 64;
-};
+// The KV rows as two 2D tensor maps (kernel_abi.h KvMapsAbi: the layout and the boxes the host
+// encodes them with), read here as the driver's CUtensorMap.
+using KvMaps = KvMapsAbi;  // tma_load_2d reads each map where the kernel argument holds it
+static_assert(sizeof(CUtensorMap) == sizeof(TensorMapBytes) && alignof(CUtensorMap) <= alignof(TensorMapBytes),
+              "kernel_abi.h TensorMapBytes: not a CUtensorMap");
 
 template <int kStages_, QFormat kQ_, int kRows_>
 struct RowsLayout {

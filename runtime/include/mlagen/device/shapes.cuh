@@ -4,6 +4,7 @@
 // silently wrong answer: a flagged sequence's output is NaN.
 #pragma once
 #include "mlagen/platform.h"
+#include "mlagen/kernel_abi.h"
 #if defined(MLAGEN_NVIDIA)
 #include <cuda_bf16.h>
 #endif
@@ -14,49 +15,7 @@ constexpr int kHeads = 16;  // query rows a block owns (QueryRows::kRows); a pro
 constexpr int kQkDim = 576;
 constexpr int kVDim = 512;
 
-// Kernel parameters, passed by value. q / out strides are in elements, kv strides in bytes.
-struct Params {
-  const void* q;            // [total_q, num_heads, 576]: bf16, or fp8 (the arch's flavour) with q_scale
-  int64_t q_stride_token, q_stride_head;
-  const float* q_scale;     // fp8 q given quantized: one float32 on the device (dequant = q * scale)
-  float* q_amax;            // fp8 q quantized here from bf16 q: per-block |q| maxima of q_amax_kernel
-  int32_t q_amax_parts;     //   (that many; 0 = not quantizing here)
-  const uint8_t* kv;        // [total_kv, row]: fp8 576 B, bf16 1152 B or mxfp4 288 B a row
-  int64_t kv_stride_bytes;
-  const float* kv_scale;    // fp8 KV: one float32 on the device; null for bf16 / mxfp4
-  const uint8_t* kv_scales; // mxfp4 KV: E8M0 [total_kv, >= 18], 16-byte aligned base; else null
-  int64_t kv_scales_stride; // bytes between the scale rows of two tokens (18..32)
-  const int32_t* qo_indptr;
-  const int32_t* kv_indptr;
-  uint16_t* out;            // bf16 [total_q, num_heads, 512]
-  int64_t out_stride_token, out_stride_head;
-  float* part_o;            // [batch, splits, row_groups, 16, 512] unnormalized split outputs
-  float2* part_ml;          // [batch, splits, row_groups, 16] (running max, running sum)
-  uint32_t* errors;         // device error word (MLAGEN_DEVERR_*)
-  uint32_t* split_counters; // [batch, row_groups] split arrivals (kernels that merge their own splits); zero between calls
-  float* lse;               // null, or float32 [total_q, num_heads] at lse_stride_token: ln sum_j exp(sm_scale q.k_j)
-  int64_t lse_stride_token;
-  // Paged KV (kv_rows.cuh): null page_table = contiguous rows at kv_indptr. Otherwise kv holds
-  // num_pages pages of 2^page_shift rows, and sequence b's page list is either row b of a block
-  // table (page_table + b * page_table_stride, page_table_width entries; lengths kv_lens[b], or
-  // kv_indptr differences when kv_lens is null) or, with page_indptr, FlashInfer's form
-  // (page_table[page_indptr[b] .. page_indptr[b+1]), last page holding last_page_len[b] rows).
-  const int32_t* page_table;
-  int64_t page_table_stride;
-  int64_t page_table_len;   // entries of page_table (the indices form's bound)
-  int32_t page_table_width; // block-table form: entries a sequence may use
-  int32_t page_shift;       // log2 page size (0..8)
-  int64_t num_pages;
-  const int32_t* kv_lens;
-  const int32_t* page_indptr;
-  const int32_t* last_page_len;
-  int32_t batch, splits;
-  int32_t num_heads;        // 8..128
-  int32_t q_len;            // query tokens a sequence (the generic kernel: at most, 1..4)
-  int32_t row_groups;       // blocks of 16 query rows a sequence: ceil(q_len * num_heads / 16)
-  int64_t total_q, total_kv;
-  float sm_scale;
-};
+// Kernel parameters (Params): mlagen/kernel_abi.h, shared with the host's argument packer.
 
 struct Sequence {
   int64_t kv_begin;      // contiguous: first KV row

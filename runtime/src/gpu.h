@@ -1,0 +1,81 @@
+// The GPU side of the host library: the embedded code objects, and the one loader that loads
+// them per device and launches their entry points through the runtime the process already has
+// (the CUDA driver API, or HIP's module API: the vendor difference is the function names).
+// Nothing here is linked against a GPU runtime: its entry points are resolved once, at the first
+// GPU call (gpu.cpp).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "mlagen/internal.h"
+#include "mlagen/kernel_abi.h"
+
+namespace mlagen {
+
+// One generated kernel's code object (code_objects.inc, written at build time by tools/embed.py
+// from the objects the device compiler produced, with the LaunchInfo it read out of each).
+// Its entry points are `name` + kEntrySuffix[k] for each bit k of `entries` (codegen/spec.py
+// KernelSpec.entry_points; tools/embed.py checked each against the object's symbols).
+constexpr int kEntryKinds = 4;
+constexpr const char* kEntrySuffix[kEntryKinds] = {"", "_q8", "_amax", "_combine"};
+enum EntryBits { kEntryDecode = 1, kEntryQ8 = 2, kEntryAmax = 4, kEntryCombine = 8 };
+struct CodeObject {
+  const char* name;
+  const unsigned char* begin;
+  const unsigned char* end;
+  int32_t entries;  // EntryBits
+  device::LaunchInfo info;
+};
+const CodeObject* code_objects(size_t* count);
+const CodeObject* find_code_object(const char* name);  // nullptr when the build has none of that name
+
+namespace gpu {
+
+// A code object's entry points on one device (null where the object has no such entry).
+struct Functions {
+  void* decode;
+  void* q8;
+  void* amax;
+  void* combine;
+};
+
+struct Launch {
+  void* fn;
+  unsigned grid_x, grid_y, block, smem;
+  void* stream;
+  void** args;
+  bool dependent;  // NVIDIA: may start while the previous grid in the stream runs (it waits on the device)
+};
+
+// Makes `device` (>= 0) current for the scope and gives the caller's back; -1 keeps the current one
+// (on NVIDIA: the primary context of device 0 when the thread has none, as the CUDA runtime does).
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device);
+  ~DeviceScope();
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+  mlagen_status status() const { return status_; }
+  int device() const { return device_; }
+
+ private:
+  mlagen_status status_ = MLAGEN_OK;
+  int device_ = -1;
+  void* saved_ = nullptr;  // NVIDIA: the caller's context
+  int saved_device_ = -1;  // AMD: the caller's device
+  bool restore_ = false;
+};
+
+// The entry points of `obj` on `device` (the current one, made so by a DeviceScope): loaded on
+// the first call for that device, then read without a lock.
+mlagen_status functions(const CodeObject& obj, int device, const Functions** out);
+mlagen_status launch(const Launch& l, const char* what);
+// The sm90a rows body's KV tensor maps (kernel_abi.h KvMapsAbi).
+mlagen_status encode_kv_maps(const void* kv, int64_t rows, int64_t stride_bytes, device::KvMapsAbi* maps);
+// Reads a device word into *out after the stream's work, then zeroes it (in stream order).
+mlagen_status take_word(void* device_word, void* stream, uint32_t* out);
+mlagen_status check_current_device();
+const char* runtime_path();
+
+}  // namespace gpu
+}  // namespace mlagen

@@ -1,0 +1,9 @@
+// The generated kernels' launcher (launch.cpp): the same for every kernel and both vendors.
+#pragma once
+#include "gpu.h"
+
+namespace mlagen {
+// Launches `obj`'s kernel for a validated problem (its workspace in pr->workspace) on `stream`,
+// on `device`, which the caller made current (gpu::DeviceScope).
+mlagen_status launch_kernel(const CodeObject& obj, const mlagen_problem* pr, int32_t splits, void* stream, int device);
+}  // namespace mlagen
