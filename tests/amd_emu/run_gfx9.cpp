@@ -8,8 +8,8 @@
 // Query rows: 16 heads x 1 token, and (run_rows_format) 8 / 32 / 128 heads and 1..4 query tokens
 // a sequence, causal among them (the reference applies the rule: token t of n sees the first
 // kv_len - n + 1 + t rows; none: output 0, LSE -inf).
-// Then (run_q8_format) a bf16 q that the kernel quantizes to fp8 (q_amax_kernel first, as
-// launch.cuh does), and (run_bad_qo_format) a qo_indptr that disagrees with several query tokens.
+// Then (run_q8_format) a bf16 q that the kernel quantizes to fp8 (the _amax entry first, as
+// runtime/src/launch.cpp does), and (run_bad_qo_format) a qo_indptr that disagrees with several query tokens.
 // Usage: emu [format substring] [base|rows|qo|q8]. Built and run by tests/test_amd_emulation.py
 // for gfx950 (-D__gfx950__) and gfx942 (-D__gfx942__: formats.cuh's e4m3fnuz range for a q
 // quantized here).
@@ -261,7 +261,7 @@ static KvLayout make_layout(const Case& c, const std::vector<int32_t>& kv_indptr
 // of c.heads heads, c.qlens[b] tokens a sequence, causal: token t of n sees the first
 // kv_len - n + 1 + t KV rows (none: output 0, LSE -inf). Every case also asks for the LSE (at a
 // padded row stride, the padding checked untouched) and checks it against ln sum_t exp(s_t) in
-// float64. QF = kFp8FromBf16: the q is bf16 and the kernel quantizes it (launch.cuh's sequence:
+// float64. QF = kFp8FromBf16: the q is bf16 and the kernel quantizes it (runtime/src/launch.cpp.s sequence:
 // q_amax_kernel's per-block maxima, then the fp8-q kernel's kFp8FromBf16 instantiation); the
 // reference takes q quantized by the library's recipe (formats.cuh q_setup, quant.py).
 // A qo_indptr that disagrees (c.qo_set, or qlens outside 1..q_len on the generic kernel): the
@@ -373,7 +373,7 @@ static bool run_case(const Format& fmt, const Case& c) {
   p.q_stride_token = static_cast<int64_t>(H) * kQkDim; p.q_stride_head = kQkDim;
   p.q_scale = QF == QFormat::kFp8 ? &q_scale : nullptr;
   // kFp8FromBf16: the pre-pass maxima (the workspace's 240 floats; those past q_amax_parts NaN:
-  // a reader of one would make every output NaN), as launch.cuh make_params sets them
+  // a reader of one would make every output NaN), as runtime/src/launch.cpp make_params sets them
   std::vector<float> q_amax(kQAmaxParts, NAN);
   p.q_amax = QF == QFormat::kFp8FromBf16 ? q_amax.data() : nullptr;
   p.q_amax_parts = QF == QFormat::kFp8FromBf16 ? std::min(total_q, kQAmaxParts) : 0;
@@ -403,11 +403,11 @@ static bool run_case(const Format& fmt, const Case& c) {
 #else
   using TG = Tiling<32, 2, KF, QG>;
 #endif
-  using T = typename TG::template WithQ<QF>;  // launch.cuh: the fp8-q kernel's kFp8FromBf16 instantiation
-  if constexpr (QF == QFormat::kFp8FromBf16) launch(q_amax_kernel<256>, p.q_amax_parts, 1, 256, p, c.reverse);
-  launch(mla_decode_kernel<T, Shape>, splits * groups, batch, T::kThreads, p, c.reverse);  // launch.cuh's grid
+  using T = typename TG::template WithQ<QF>;  // the fp8-q kernel's _q8 entry: its kFp8FromBf16 instantiation
+  if constexpr (QF == QFormat::kFp8FromBf16) launch(q_amax_block<256>, p.q_amax_parts, 1, 256, p, c.reverse);
+  launch(mla_decode_block<T, Shape>, splits * groups, batch, T::kThreads, p, c.reverse);  // launch.cpp's grid
   if (splits > 1 && !FusedCombine<TG>::value)
-    launch(mla_combine_kernel<TG, Shape>, batch * groups * kHeads, 1, 128, p, c.reverse);
+    launch(mla_combine_block<TG, Shape>, batch * groups * kHeads, 1, 128, p, c.reverse);
   bool counters_reset = true;  // the merging block leaves every counter at 0 for the next call
   for (uint32_t v : counters) counters_reset &= v == 0u;
   constexpr bool kNativeFp8 = T::kNative;

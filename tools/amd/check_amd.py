@@ -19,7 +19,7 @@ for the arch in its name, device-only, to assembly (-S), with -O3 -Werror:
       copied into <chroot>/work/mlagen-check-<pid>/ and removed afterwards (no mounts).
 
 Each kernel in the assembly is then checked against the expectations (defaults: it compiles, at
-least one v_mfma instruction (kernels matching mfma_exempt, default *combine_kernel* and *q_amax_kernel*, excepted:
+least one v_mfma instruction (kernels matching mfma_exempt, default *_combine and *_amax, excepted:
 the split combine is a plain reduction), no VGPR spills, no scratch, no dynamic stack, no calls
 to functions outside the file). Override with --expect KEY=VALUE (all sources) or a sidecar
 <source>.expect.json ({"KEY": VALUE, ...}) next to a source; keys: see DEFAULT_EXPECT.
@@ -54,7 +54,7 @@ GFX942_ROUTES = ("clang19", "clang19-hip", "clang21")
 DEFAULT_EXPECT = {
     "min_kernels": 1,           # kernels in the source's assembly
     "min_mfma": 1,              # v_mfma*/v_smfmac* instructions per kernel (its callees included)
-    "mfma_exempt": "*combine_kernel*,*q_amax_kernel*",  # matrix-free helpers; comma list of globs (demangled or mangled kernel name)
+    "mfma_exempt": "*_combine,*_amax",  # matrix-free helpers; comma list of globs (demangled or mangled kernel name)
                                 # that min_mfma does not apply to: the split combine is a reduction
     "max_vgpr_spills": 0,
     "max_sgpr_spills": None,    # SGPR spills go to VGPR lanes, not memory: reported, not checked

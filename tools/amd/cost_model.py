@@ -198,8 +198,8 @@ template __global__ void mla_decode_fwd_16mx1_16nx8_fp8fp8_opus_kernel<Traits>(m
 
 def decode_kernel_name(asm: str) -> str | None:
     names = re.findall(r"^\s*\.type\s+([^,\s]+)\s*,\s*@function", asm, re.M)
-    for n in names:
-        if "mla_decode_kernel" in n or "opus_kernel" in n:
+    for n in names:  # a generated file's decode entry is its spec name (templates/kernel.hip.j2)
+        if (n.startswith("mla_decode_") and not n.endswith(("_q8", "_amax", "_combine"))) or "opus_kernel" in n:
             return n
     return None
 

@@ -8,7 +8,7 @@
 
 namespace mlagen::device {
 
-#if defined(__CUDACC__) || defined(__HIP__)
+#if defined(__CUDACC__) || defined(__HIP__) || defined(__HIP_PLATFORM_AMD__)  // device compilers (and the AMD emulator)
 }  // namespace mlagen::device
 #include "mlagen/platform.h"  // the device compilers' vector types
 namespace mlagen::device {

@@ -1,5 +1,6 @@
 // mlagen platform header: the HIP spellings the device code uses, mapped onto CUDA when
-// the NVIDIA compiler builds it. On a ROCm/clang HIP build they are HIP's own.
+// the NVIDIA compiler builds it. On a ROCm/clang HIP build they are HIP's own. Device code
+// only: the host library (runtime/src) calls no GPU runtime API by name (gpu.cpp resolves them).
 #pragma once
 
 #if defined(__HIP__) || defined(__HIP_PLATFORM_AMD__)
@@ -13,25 +14,6 @@
   #include <cuda_runtime.h>
   #include <cstdint>
   #define MLAGEN_WARP_SIZE 32
-  using hipStream_t = cudaStream_t;
-  using hipError_t = cudaError_t;
-  #define hipSuccess cudaSuccess
-  #define hipGetLastError cudaGetLastError
-  #define hipGetErrorString cudaGetErrorString
-  #define hipFuncSetAttribute(f, a, v) cudaFuncSetAttribute(f, a, v)
-  #define hipMemcpyAsync cudaMemcpyAsync
-  #define hipMemsetAsync cudaMemsetAsync
-  #define hipStreamSynchronize cudaStreamSynchronize
-  #define hipMemcpyDeviceToHost cudaMemcpyDeviceToHost
-  #define hipFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
-  #define hipGetDevice cudaGetDevice
-  #define hipSetDevice cudaSetDevice
-  #define hipGetDeviceCount cudaGetDeviceCount
-  #define hipDeviceGetAttribute cudaDeviceGetAttribute
-  #define hipDeviceAttributeMultiprocessorCount cudaDevAttrMultiProcessorCount
-  #define hipDeviceAttributeComputeCapabilityMajor cudaDevAttrComputeCapabilityMajor
-  #define hipDeviceAttributeComputeCapabilityMinor cudaDevAttrComputeCapabilityMinor
-  #define hipLaunchKernelGGL(k, grid, block, smem, stream, ...) k<<<grid, block, smem, stream>>>(__VA_ARGS__)
   template <class T>
   __device__ __forceinline__ T __shfl_xor(T v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
   template <class T>

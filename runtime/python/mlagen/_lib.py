@@ -127,6 +127,10 @@ def lib(path: str | None = None):
         "mlagen_fingerprint": (ctypes.c_char_p, []),
         "mlagen_build_archs": (ctypes.c_char_p, []),
         "mlagen_check_device": (ctypes.c_int, []),
+        "mlagen_load_kernels": (ctypes.c_int, [ctypes.c_int32]),
+        "mlagen_gpu_runtime": (ctypes.c_char_p, []),
+        "mlagen_num_code_objects": (ctypes.c_int32, []),
+        "mlagen_num_entry_points": (ctypes.c_int32, []),
     }
     for name, (res, args) in sig.items():
         f = getattr(L, name)

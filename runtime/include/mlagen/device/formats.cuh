@@ -23,7 +23,7 @@ enum class KvFormat { kFp8, kBf16, kMxfp4 };
 // The query as a kernel reads it: bf16; fp8 given quantized (with q_scale); or a bf16 q
 // that the kernel quantizes to fp8 (the pre-pass maxima). The generator and the registry
 // know kBf16 / kFp8; an fp8-q launch picks the kFp8FromBf16 instantiation of the same
-// kernel when the library quantizes (launch.cuh), so neither route carries the other's code.
+// kernel when the library quantizes (the `_q8` entry), so neither route carries the other's code.
 enum class QFormat { kBf16, kFp8, kFp8FromBf16 };
 
 constexpr int kMxBlock = 32;                      // values per E8M0 scale

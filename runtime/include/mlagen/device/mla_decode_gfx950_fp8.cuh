@@ -47,7 +47,7 @@ struct NativeFp8Tiling {
   using WithQ = NativeFp8Tiling<kKv_, Q>;
   static constexpr bool kNative = true;
   static constexpr bool kWide = false;
-  static constexpr bool kFusedCombine = true;  // launch.cuh: no combine launch
+  static constexpr bool kFusedCombine = true;  // no _combine entry (codegen/spec.py merges_own_splits)
   static constexpr float kVUnit = 1.f;
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * MLAGEN_WARP_SIZE;
