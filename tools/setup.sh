@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-time set-up of a fresh Debian machine for mlagen (the README's first command, `make setup`):
-#   CMake and Ninja (apt, when missing and run as root), jinja2, pytest, numpy and torch (pip,
-#   when missing), then checks that nvcc is there (/usr/local/cuda) and builds the library.
+#   CMake and Ninja (apt, when missing and run as root), jinja2, pytest, numpy, torch and kernelguard
+#   0.3.1 (pip, when missing), then checks that nvcc is there (/usr/local/cuda) and builds the library.
 # torch comes from PyPI: on a machine without a GPU it still imports (GPU tests then skip, with
 # the reason); set MLAGEN_TORCH_SPEC (e.g. "torch==2.11.0" or a wheel path) to pin it.
 set -euo pipefail
@@ -25,6 +25,9 @@ PY=${PYTHON:-python3}
 missing=()
 for m in jinja2 pytest numpy; do "$PY" -c "import $m" 2>/dev/null || missing+=("$m"); done
 "$PY" -c "import torch" 2>/dev/null || missing+=("${MLAGEN_TORCH_SPEC:-torch}")
+# kernelguard: the submission server's third gate, at the version kernelbot pins (tools/bundle.py runs it)
+"$PY" -c 'import importlib.metadata as m, sys; sys.exit(m.version("kernelguard") != "0.3.1")' 2>/dev/null \
+  || missing+=("kernelguard==0.3.1")
 if [ ${#missing[@]} -gt 0 ]; then
   say "pip install ${missing[*]}"
   "$PY" -m pip install -q --disable-pip-version-check "${missing[@]}"
