@@ -113,8 +113,8 @@ def _fall_back(why):
             gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
         except Exception:  # noqa: BLE001 - the reason matters more than the name
             gpu = "unknown GPU"
-        _say("falling back to the reference path (aiter mla_decode_fwd) for every call: %s [bundle for %s, GPU %s]"
-             % (" ".join(str(why).split()), _ARCH, gpu))
+        _say("falling back to the reference path (%s) for every call: %s [bundle for %s, GPU %s]"
+             % (_reference_name(), " ".join(str(why).split()), _ARCH, gpu))
         _STATE["why"] = str(why)
 
 
@@ -216,12 +216,20 @@ def _torch_decode(data):
                           range(config["batch_size"])).to(torch.bfloat16)
 
 
-def _reference_path(data):
+def _has_aiter():
     try:
         import aiter  # noqa: F401 - the runner has it, prebuilt for gfx950
     except ImportError:
-        return _torch_decode(data)
-    return _aiter_decode(data)
+        return False
+    return True
+
+
+def _reference_name():
+    return "aiter mla_decode_fwd" if _has_aiter() else "torch float32 attention: no aiter here"
+
+
+def _reference_path(data):
+    return _aiter_decode(data) if _has_aiter() else _torch_decode(data)
 
 
 def _self_check(data, out):
