@@ -74,8 +74,8 @@ ROWS_BODY_BLOCK_MS = (32, 64)  # 32: heads x q_len of 32 (32 heads, or 16 heads 
 # Stages by (block_m, q dtype), also the validation's limit: the O groups hold one ring slot while
 # S reads the next, so the body wants several 36 KB stages beside Q (block_m x 576 bytes, twice for
 # a bf16 q's hi + lo) and two P slots (block_m x 64 f16 each), under 227 KB. 64 rows: as many as
-# fit. 32 rows: 4 with a bf16 q (5 fit; 5 measured no faster with S issued ahead, docs/perf.md
-# v13 step 2), 5 with an fp8 q.
+# fit. 32 rows: 4 with a bf16 q (5 fit; 5 measured 159.8 against 157.3 us with 4, in a build
+# whose wgmmas ptxas had serialized: no measured gain), 5 with an fp8 q.
 ROWS_BODY = {("sm90a", "fp8e4m3fn"): dict(block_n=WARPGROUP_BLOCK_N,
                                           stages={(64, "bf16"): 3, (64, "fp8"): 4, (32, "bf16"): 4, (32, "fp8"): 5})}
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # One-time set-up of a fresh Debian machine for mlagen (the README's first command, `make setup`):
+#   everything it needs, then the main job: the library and the two leaderboard bundles.
 #   CMake and Ninja (apt, when missing and run as root), jinja2, pytest, numpy, torch and kernelguard
 #   0.3.1 (pip, when missing), then checks that nvcc is there (/usr/local/cuda) and builds the library.
 # torch comes from PyPI: on a machine without a GPU it still imports (GPU tests then skip, with
@@ -38,4 +39,7 @@ if ! command -v nvcc >/dev/null; then
 fi
 say "$(nvcc --version | tail -1); $(cmake --version | head -1); torch $("$PY" -c 'import torch; print(torch.__version__)')"
 make build
-say "ready: make test"
+# the leaderboard bundles: dist/submission.py (MI355X; its device compiles use the AMD toolchain, which
+# `make bundle` sets up: clang-19 from Debian, clang-21 in a Debian sid chroot) and dist/submission_sm90a.py
+make bundle bundle-local
+say "ready: make test (library build/sm90a/libmlagen.so; bundles dist/submission.py, dist/submission_sm90a.py)"

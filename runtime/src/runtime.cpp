@@ -200,7 +200,8 @@ mlagen_status check_kv(const mlagen_problem* p, const KernelEntry& e) {
 // blocks (of 64, else of 32: the largest such block the build has) and its KV tiles are rows back
 // to back (contiguous, or pages of at least a tile: 64 rows), else role 1. (Smaller pages would
 // take the rows body's row-by-row copy every tile, which nothing has measured: they keep the
-// 16-row generic kernel, whose page-id staging is tuned for them, docs/perf.md v17 / v18.)
+// 16-row generic kernel, whose page ids are staged in shared memory a ring ahead and whose first ids load
+// beside q: docs/perf.md, paged KV.)
 const KernelEntry* find_generic(int32_t q_dtype, int32_t kv_dtype, int32_t rows, int32_t page_size) {
   const KernelEntry* rows_body = nullptr;
   const KernelEntry* found = nullptr;

@@ -238,8 +238,8 @@ MLAGEN_DEVICE float div_round_bf16(float x, float scale, float inv) {
 }
 
 // The scale of an fp8 q given quantized, read by a kernel at its start next to the KV scale
-// (its round trip then overlaps the q loads instead of following them: ~1 us a call on the
-// H200, docs/perf.md v6); 1 for any other q.
+// (its round trip then overlaps the q loads instead of following them: the SASS issues its load
+// before the KV prologue); 1 for any other q.
 template <QFormat QF>
 MLAGEN_DEVICE float given_q_scale(const Params& p) {
   if constexpr (QF == QFormat::kFp8) return *p.q_scale;

@@ -124,7 +124,8 @@ struct TileIds {
 // end). They go out by cp.async with the copies of an earlier tile, in its commit group, so the
 // tile loop's own wait has seen them land before the copies that need them are issued: no
 // register holds an id load in flight across the loop (a register ring two tiles deep compiled
-// to a move that waited on the load right after the copies, docs/perf.md v17), and a row's id
+// to a move that waited on the load right after the copies: +9.9% at page size 1, 256x8192,
+// against +6.0% staged in shared memory), and a row's id
 // is one shared load, no shuffle. Every thread calls stage(); threads tid < kBlockN copy.
 template <int kBlockN, int kSlots>
 struct StagedTileIds {

@@ -1,7 +1,8 @@
 // MLA decode, fp8 KV on sm_90a, 32 or 64 query rows a block: the rows kernel (issue 18,
 // docs/design-rows-as-m.md). For 32..128 rows a sequence (128, 64 or 32 heads, 16 heads x 4 or
 // x 2 tokens), where the 16-row warpgroup kernel (mla_decode_sm90_wgmma.cuh) runs its whole
-// per-tile chain once per 16 rows and stays latency-bound (docs/perf.md v10).
+// per-tile chain once per 16 rows and stays latency-bound (128 heads at 64x8192: 471 us, 0.49x
+// FlashMLA, the tensor cores ~30% busy; two row groups sharing tiles changed nothing).
 //
 // Block = three warpgroups, R = 64 (or 32) query rows, tiles of 64 tokens (the 16-row kernel's
 // swizzled tile) in a ring of stages, warp-specialized:
@@ -27,13 +28,15 @@
 // Lazy rescale: a row keeps its base while no score passes it by 2^8; the test compares the
 // scores themselves, so the rows' maxima (shuffles, and the exchange between the 4 warps) are
 // met only on a tile that rescales, and only then do the O groups rescale.
-// Group 0's instructions are each tile's critical path (ncu, docs/perf.md v13, v19): it issues
+// Group 0's instructions are each tile's critical path (ncu: the O groups' top stall is the wait
+// on group 0's full barrier; group 0's samples were S wait, S issue, softmax, copies): it issues
 // no copies, and the softmax avoids reductions it does not need.
 // Registers: setmaxnreg 152 (group 0) / 176 (each O group): the whole of what the block was
 // launched with (168 x 384, RowsLayout::kRegsS); a few 4-8 byte reloads at 64 rows, the rest off
 // the loop (make check-sm90 holds the list).
-// Measured (docs/perf.md v20): 253 us at 128 heads, 64x8192 (bf16 q; 223 with an fp8 q), against
-// 264 in v13, 310 in v12 and 471 with 16-row blocks; 98 us at 32 heads (32 rows).
+// Measured at e34e110 (docs/perf.md, query rows): 252 us at 128 heads, 64x8192 (bf16 q; 223 with an
+// fp8 q; FlashMLA 232), against 264-310 in earlier schedules and 471 with 16-row blocks; 98 us at
+// 32 heads (32 rows).
 // The generic kernels of this body (registry role 3, 64 and 32 rows) serve contiguous problems
 // whose heads x q_len is a multiple of 64, else of 32.
 #pragma once
@@ -125,8 +128,8 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
   auto empty = [&](int b) { return s_bar + 16 + 8 * b; };
   const uint32_t sums_ready = s_bar + 32;  // group 0's final sums are in l_final
   auto kv_full = [&](int slot) { return s_bar + 40 + 8 * slot; };  // a stage's copies landed
-  // The O groups copy the KV tiles (group 0's instructions are each tile's critical path; with
-  // the bulk tensor copy the O groups' part is a few instructions: docs/perf.md v19, v20).
+  // The O groups copy the KV tiles (group 0's instructions are each tile's critical path: 64 rows
+  // -4.2..-4.6%; with the bulk tensor copy the O groups' part is one thread's box issue).
 
   const BlockCoord bc = block_coord<Shape, R>(p);
   allow_dependent_launch();
