@@ -169,14 +169,14 @@ struct SplitMerge {
 template <class T, class Shape>
 MLAGEN_DEVICE void mla_combine_block(const Params& p) {
   constexpr int kGroup = 8;
-  const int per_seq = Shape::row_groups(p) * kHeads;
+  const int per_seq = Shape::row_groups(p) * kGroupRows;
   const int b = blockIdx.x / per_seq, r = blockIdx.x % per_seq;
   const int splits = Shape::splits(p);
   const QueryTokens qt = Shape::query(p, b);
-  const QueryRows rows = query_rows<Shape>(p, BlockCoord{b, 0, r / kHeads}, qt.row, qt.n, 0);
-  const int j = r % kHeads;
+  const QueryRows rows = query_rows<Shape>(p, BlockCoord{b, 0, r / kGroupRows}, qt.row, qt.n, 0);
+  const int j = r % kGroupRows;
   if (!rows.owns(j)) return;
-  const int64_t stride = static_cast<int64_t>(Shape::row_groups(p)) * kHeads;  // part rows a split
+  const int64_t stride = static_cast<int64_t>(Shape::row_groups(p)) * kGroupRows;  // part rows a split
   const int64_t part0 = rows.part(j);  // split 0's row (slot b * splits)
   const float o_scale = T::kWide ? 1.f : kv_scale_of(p) * T::kVUnit;
   wait_for_prior_grid();  // the decode grid's partials are complete and visible

@@ -56,8 +56,8 @@ struct NativeFp8Tiling {
   static constexpr int kTileBytes = kBlockN * kQkDim;     // 18432, rows unpadded
   static constexpr int kDmaPerTile = kTileBytes / 1024;   // 18 wave-wide 16-byte DMAs
   static constexpr int kStagesBytes = kWarps * kStages * kTileBytes;
-  static constexpr int kMergeBytes = 2 * kHeads * kVDim * 4;  // two waves' O a stage array, after the loop
-  static constexpr int kMlBytes = kWarps * kHeads * 8;
+  static constexpr int kMergeBytes = 2 * kGroupRows * kVDim * 4;  // two waves' O a stage array, after the loop
+  static constexpr int kMlBytes = kWarps * kGroupRows * 8;
   // LDS is static (native_fp8::lds_stage0/1/ml below), not the launch's dynamic allocation:
   // two distinct LDS objects let the compiler's wait-count pass see that a DMA into one
   // stage does not alias reads of the other (one array: it waits for every DMA in flight).
@@ -345,21 +345,21 @@ MLAGEN_DEVICE void decode_fp8_native(const Params& p, uint8_t* /*smem: unused, s
 
   // ---- merge the 4 waves (LDS: the stages are free once every wave is past its loop) ----
   auto o_slot = [](int v) {  // wave v's O, [row][512] fp32
-    return reinterpret_cast<float*>(v < 2 ? lds_stage0 : lds_stage1) + (v % 2) * kHeads * kVDim;
+    return reinterpret_cast<float*>(v < 2 ? lds_stage0 : lds_stage1) + (v % 2) * kGroupRows * kVDim;
   };
   w.l += __shfl_xor(w.l, 16);
   w.l += __shfl_xor(w.l, 32);
   float* ml = reinterpret_cast<float*>(lds_ml);  // [wave][row] (m, l)
   __syncthreads();
   if (j == 0) {
-    ml[2 * (wave * kHeads + i)] = w.m;
-    ml[2 * (wave * kHeads + i) + 1] = w.l;
+    ml[2 * (wave * kGroupRows + i)] = w.m;
+    ml[2 * (wave * kGroupRows + i) + 1] = w.l;
   }
   __syncthreads();
   auto head_max = [&](int h) {
     float mm = -INFINITY;
 #pragma unroll
-    for (int v = 0; v < W; ++v) mm = fmaxf(mm, ml[2 * (v * kHeads + h)]);
+    for (int v = 0; v < W; ++v) mm = fmaxf(mm, ml[2 * (v * kGroupRows + h)]);
     return mm;
   };
   {
@@ -383,8 +383,8 @@ MLAGEN_DEVICE void decode_fp8_native(const Params& p, uint8_t* /*smem: unused, s
   float lh = 0.f;
 #pragma unroll
   for (int v = 0; v < W; ++v) {
-    const float mv = ml[2 * (v * kHeads + h)];
-    if (mv != -INFINITY) lh += fast_exp2(mv - mh) * ml[2 * (v * kHeads + h) + 1];
+    const float mv = ml[2 * (v * kGroupRows + h)];
+    if (mv != -INFINITY) lh += fast_exp2(mv - mh) * ml[2 * (v * kGroupRows + h) + 1];
   }
   float acc[32];
 #pragma unroll
@@ -423,7 +423,7 @@ MLAGEN_DEVICE void decode_fp8_native(const Params& p, uint8_t* /*smem: unused, s
   if (!*last) return;
   __threadfence();  // acquire: every split's partial
   // split s's row h: qr.part(h) + (s - split) * part_stride (shapes.cuh: [batch, splits, row_groups, 16])
-  const int64_t part_stride = static_cast<int64_t>(Shape::row_groups(p)) * kHeads;
+  const int64_t part_stride = static_cast<int64_t>(Shape::row_groups(p)) * kGroupRows;
   if (owns) merge_splits(p, splits, qr.part(h) - split * part_stride, part_stride, tok, head, d0, kv_scale);
   if (threadIdx.x == 0) *counter = 0u;  // ready for the next launch (and graph replay)
 #else

@@ -75,10 +75,10 @@ struct WgLayout {
   static constexpr int kQOffset = kTilesBytes;  // from the 1024-aligned base
   static constexpr int kPOffset = kQOffset + kQBytes;
   static constexpr int kRedOffset = kPOffset + kPBytes;               // [4 warps][16 heads] x2 floats
-  static constexpr int kColOffset = kRedOffset + 2 * 4 * kHeads * 4;  // [16] column scales
+  static constexpr int kColOffset = kRedOffset + 2 * 4 * kGroupRows * 4;  // [16] column scales
   // mxfp4: the tile's token powers of two, [64] as float exponents then [64] as factors;
   // [kMxLut] e4m3 tables of 8 bytes
-  static constexpr int kTokOffset = kColOffset + kHeads * 4;
+  static constexpr int kTokOffset = kColOffset + kGroupRows * 4;
   static constexpr int kMxLut = 20;  // block exponents -13..6 relative to the token's (below: zeros)
   static constexpr int kLutOffset = kTokOffset + (kMx ? 2 * kBlockN * 4 : 0);
   // paged e4m3 rows: the page ids of the tiles in flight (kv_rows.cuh, StagedTileIds). Tile j's go
@@ -168,7 +168,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   smem += s_base - s_raw;
   const uint32_t s_q = s_base + L::kQOffset, s_p = s_base + L::kPOffset;
   float* red_max = reinterpret_cast<float*>(smem + L::kRedOffset);  // [warp][head]
-  float* red_sum = red_max + W * kHeads;
+  float* red_sum = red_max + W * kGroupRows;
   float* col_scale = reinterpret_cast<float*>(smem + L::kColOffset);  // [head]: 1 / c
   float* tok_pow = reinterpret_cast<float*>(smem + L::kTokOffset);    // mxfp4: [token] exponent g
   float* tok_mul = tok_pow + BN;                                        //        [token] 2^g
@@ -327,7 +327,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
     const float inv_c = stage_q_row<T::kQ, true>(qq, q_raw, [&](int i, uint32_t hi, uint32_t lo) {
       const int d = dim_of(i);
       sts32(s_q + L::q_at(h, d), hi);
-      sts32(s_q + L::q_at(kHeads + h, d), lo);
+      sts32(s_q + L::q_at(kGroupRows + h, d), lo);
     });
     if (part == 0) col_scale[h] = inv_c;  // S = (hi column) / c + (lo column) / (16 c)
   }
@@ -520,8 +520,8 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
       split_e4m3(p0 * 256.f, p1 * 256.f, hi, lo);
       sts8(s_p + L::p_at(head[k], row0), hi & 0xffu);
       sts8(s_p + L::p_at(head[k], row0 + 8), hi >> 8);
-      sts8(s_p + L::p_at(kHeads + head[k], row0), lo & 0xffu);
-      sts8(s_p + L::p_at(kHeads + head[k], row0 + 8), lo >> 8);
+      sts8(s_p + L::p_at(kGroupRows + head[k], row0), lo & 0xffu);
+      sts8(s_p + L::p_at(kGroupRows + head[k], row0 + 8), lo >> 8);
     }
     if (__any_sync(0xffffffffu, rescale))  // the running max moved for some head of the warp
 #pragma unroll

@@ -41,10 +41,10 @@ struct WgBf16Layout {
   static constexpr int kQOffset = kStages * kStageBytes;
   static constexpr int kPOffset = kQOffset + kQBytes;
   static constexpr int kRedOffset = kPOffset + kPBytes;  // [4 warps][16 rows] x 2 floats
-  static constexpr int kSmemBytes = kRedOffset + 2 * 4 * kHeads * 4 + kAlign;
+  static constexpr int kSmemBytes = kRedOffset + 2 * 4 * kGroupRows * 4 + kAlign;
   // The epilogue's O staging ([16 rows][kOPitch] floats) reuses the ring.
   static constexpr int kOPitch = kVDim + 4;
-  static_assert(kHeads * kOPitch * 4 <= kStages * kStageBytes, "O staging fits the ring");
+  static_assert(kGroupRows * kOPitch * 4 <= kStages * kStageBytes, "O staging fits the ring");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory over sm_90's 227 KB a block: fewer stages");
 
   MLAGEN_DEVICE static uint32_t q_at(int row, int byte) {
@@ -64,7 +64,7 @@ MLAGEN_DEVICE void decode_wgmma_bf16(const Params& p, uint8_t* smem) {
   smem += s_base - s_raw;
   const uint32_t s_q = s_base + L::kQOffset, s_p = s_base + L::kPOffset;
   float* red_max = reinterpret_cast<float*>(smem + L::kRedOffset);  // [warp][row]
-  float* red_sum = red_max + W * kHeads;
+  float* red_sum = red_max + W * kGroupRows;
 
   const int tid = threadIdx.x, w = tid / 32, lane = tid % 32;
   const int g = lane >> 2, t = lane & 3;

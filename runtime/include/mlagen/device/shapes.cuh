@@ -11,7 +11,7 @@
 
 namespace mlagen::device {
 
-constexpr int kHeads = 16;  // query rows a block owns (QueryRows::kRows); a problem has 8..128 heads
+constexpr int kGroupRows = 16;  // query rows a row group holds (QueryRows::kRows): a block owns one or more row groups
 constexpr int kQkDim = 576;
 constexpr int kVDim = 512;
 
@@ -161,7 +161,7 @@ MLAGEN_DEVICE Sequence read_sequence(const Params& p, int b, int q_len) {
 // row is, as a copy of row 0. Causal among the tokens of a sequence: token i of n sees the first
 // len - n + 1 + i keys (key_end).
 struct QueryRows {
-  static constexpr int kRows = kHeads;
+  static constexpr int kRows = kGroupRows;
   int64_t q_row0;  // the sequence's first token row
   int base, nrows, heads, key_base;
   int64_t part0;   // the block's first row of part_o / part_ml
@@ -185,7 +185,7 @@ template <int kBatch, int kKvLen, int kSplits, int kPage_ = 0, int kNumHeads = 1
 struct StaticShape {
   static constexpr bool kGeneric = false;
   static constexpr int kPage = kPage_;
-  static constexpr int kGroups = (kNumHeads * kQLen + kHeads - 1) / kHeads;
+  static constexpr int kGroups = (kNumHeads * kQLen + kGroupRows - 1) / kGroupRows;
   // whether a row can have seen no key after a tile of its split (causal rows: q_len > 1); one
   // query token sees every key of every tile, so its running max is finite after the first
   static constexpr bool kRowsEndEarly = kQLen > 1;
@@ -215,19 +215,19 @@ struct DynamicShape {
 // kRows: the rows a block owns, 16 (one row group; every body but the rows one) or a multiple:
 // then a block is kRows / 16 neighbouring row groups (group = its first / (kRows / 16)), and
 // its rows' partials sit where the row groups' would (the combine is the same).
-template <class Shape, int kRows = kHeads>
+template <class Shape, int kRows = kGroupRows>
 MLAGEN_DEVICE BlockCoord block_coord(const Params& p) {
-  const int blocks = Shape::row_groups(p) / (kRows / kHeads);  // a split's blocks a sequence
+  const int blocks = Shape::row_groups(p) / (kRows / kGroupRows);  // a split's blocks a sequence
   return BlockCoord{static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.x) / blocks, static_cast<int>(blockIdx.x) % blocks};
 }
-template <class Shape, int kRows = kHeads>
+template <class Shape, int kRows = kGroupRows>
 MLAGEN_DEVICE QueryRows query_rows(const Params& p, const BlockCoord& c, int64_t q_row0, int q_n, int kv_len) {
   const int heads = Shape::heads(p), groups = Shape::row_groups(p);
   const int64_t slot = static_cast<int64_t>(c.b) * Shape::splits(p) + c.split;
   return QueryRows{q_row0, kRows * c.group, q_n * heads, heads, kv_len - q_n + 1,
-                   (slot * groups + c.group * (kRows / kHeads)) * kHeads};
+                   (slot * groups + c.group * (kRows / kGroupRows)) * kGroupRows};
 }
-template <class Shape, int kRows = kHeads>
+template <class Shape, int kRows = kGroupRows>
 MLAGEN_DEVICE QueryRows query_rows(const Params& p, const BlockCoord& c, const Sequence& seq) {
   return query_rows<Shape, kRows>(p, c, seq.q_row, seq.q_len, seq.len);
 }

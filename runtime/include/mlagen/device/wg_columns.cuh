@@ -2,7 +2,7 @@
 // 64-token tile put tokens on M and the 16 query rows on N: warp w holds tokens 16 w + g and
 // 16 w + g + 8 (g = lane / 4) of the columns head[k] = 8 (k / 2) + 2 t + k % 2 (t = lane % 4,
 // slot k = 0..3). A column's max or sum over the tile's tokens takes the warp's 8 row lanes
-// (shuffles across g), then its 4 warps (shared memory: `red`, [4][kHeads] floats, one barrier).
+// (shuffles across g), then its 4 warps (shared memory: `red`, [4][kGroupRows] floats, one barrier).
 // Both sm90 warpgroup bodies use them (mla_decode_sm90_wgmma.cuh, mla_decode_sm90_wgmma_bf16.cuh).
 #pragma once
 #include "mlagen/device/mla_common.cuh"
@@ -29,13 +29,13 @@ MLAGEN_DEVICE void wg_column_max(const float (&x)[2][4], const int (&head)[4], f
   }
   if (g == 0)
 #pragma unroll
-    for (int k = 0; k < 4; ++k) red[w * kHeads + head[k]] = mx[k];
+    for (int k = 0; k < 4; ++k) red[w * kGroupRows + head[k]] = mx[k];
   __syncthreads();
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     tm[k] = red[head[k]];
 #pragma unroll
-    for (int ww = 1; ww < kWgWarps; ++ww) tm[k] = fmaxf(tm[k], red[ww * kHeads + head[k]]);
+    for (int ww = 1; ww < kWgWarps; ++ww) tm[k] = fmaxf(tm[k], red[ww * kGroupRows + head[k]]);
   }
 }
 
@@ -48,13 +48,13 @@ MLAGEN_DEVICE void wg_column_sum(float (&v)[4], const int (&head)[4], float* red
     for (int o2 = 4; o2 < 32; o2 *= 2) v[k] += __shfl_xor(v[k], o2);
   if (g == 0)
 #pragma unroll
-    for (int k = 0; k < 4; ++k) red[w * kHeads + head[k]] = v[k];
+    for (int k = 0; k < 4; ++k) red[w * kGroupRows + head[k]] = v[k];
   __syncthreads();
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     float sum = 0.f;
 #pragma unroll
-    for (int ww = 0; ww < kWgWarps; ++ww) sum += red[ww * kHeads + head[k]];
+    for (int ww = 0; ww < kWgWarps; ++ww) sum += red[ww * kGroupRows + head[k]];
     v[k] = sum;
   }
 }
