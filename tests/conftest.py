@@ -38,6 +38,8 @@ def L():
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped with the reason elsewhere)")
+    config.addinivalue_line("markers", "multigpu: needs 2+ CUDA GPUs; its skip (the test says why) is listed in "
+                                       "the summary and not counted by MLAGEN_REQUIRE_GPU=1 (the one-GPU runs)")
 
 
 def gpu_available():
@@ -63,8 +65,15 @@ def pytest_collectreport(report):
         _gpu_skips.append(f"{report.nodeid}: module skipped: {report.longrepr}")
 
 
+_multigpu_skips: list = []
+
+
 def pytest_runtest_logreport(report):
     if "gpu" in report.keywords and (report.when == "call" or (report.when == "setup" and report.skipped)):
+        if report.skipped and "multigpu" in report.keywords:  # fewer than 2 GPUs: listed, not a failed GPU run
+            why = report.longrepr[-1] if isinstance(report.longrepr, tuple) else report.longrepr
+            _multigpu_skips.append(f"{report.nodeid}: {why}")
+            return
         outcome = "skipped" if report.skipped else ("passed" if report.passed else "failed")
         _gpu_counts[outcome] += 1
         if report.skipped:
@@ -112,6 +121,11 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_line(
         f"GPU tests: {c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped, "
         f"{c['modules_skipped']} GPU modules skipped (executed: {c['passed'] + c['failed']})")
+    if _multigpu_skips:
+        terminalreporter.write_line(
+            f"multi-GPU tests skipped: {len(_multigpu_skips)} (not counted by MLAGEN_REQUIRE_GPU=1)")
+        for line in _multigpu_skips[:10]:
+            terminalreporter.write_line(f"  skipped multi-GPU: {line}")
     why = _require_gpu_failure()
     if why:
         for line in _gpu_skips[:20]:

@@ -75,8 +75,9 @@ LAUNCH_SOURCE = (
     "\n\n"
     "def handle(device_index):\n"
     "    return None\n")
-# Binding modules custom_kernel never reaches: the torch operator and `python -m mlagen`.
-NOT_BUNDLED = ("ops.py", "__main__.py")
+# Binding modules custom_kernel never reaches: the torch operator, `python -m mlagen` and the
+# multi-GPU merge (dcp.py).
+NOT_BUNDLED = ("ops.py", "__main__.py", "dcp.py")
 # (compression, base64 line width) in the order tried when the payload spells the forbidden word
 ENCODINGS = (("lzma", 100), ("lzma", 76), ("lzma", 64), ("zlib", 100), ("zlib", 76))
 
