@@ -46,11 +46,12 @@ test: build
 test-installed:
 	env -u MLAGEN_LIBRARY PYTHONPATH=$(abspath .) MLAGEN_TEST_INSTALLED=1 $(PYTHON) -m pytest -q tests
 
+# tests/cpu: no GPU needed; tests/gpu: every test gpu-marked (tests/conftest.py), skipped with the reason without one
 test-cpu: build
-	$(PYTHON) -m pytest -q tests -m "not gpu"
+	$(PYTHON) -m pytest -q tests/cpu
 
 test-gpu: build
-	$(PYTHON) -m pytest -q tests -m gpu
+	$(PYTHON) -m pytest -q tests/gpu
 
 bench: gpu-check build
 	$(PYTHON) bench/bench.py --out bench/results
@@ -100,10 +101,10 @@ bundle-local:
 
 # the leaderboard's method on the local-test bundle, in a fresh process (GPU); dist/submission.py is left alone
 leaderboard-test: gpu-check bundle-local
-	$(PYTHON) -m tests.leaderboard.harness dist/submission_sm90a.py --mode test --json dist/leaderboard-test.json
+	$(PYTHON) -m bench.leaderboard.harness dist/submission_sm90a.py --mode test --json dist/leaderboard-test.json
 
 leaderboard-bench: gpu-check bundle-local
-	$(PYTHON) -m tests.leaderboard.harness dist/submission_sm90a.py --mode leaderboard --seed-peer --json dist/leaderboard-bench.json
+	$(PYTHON) -m bench.leaderboard.harness dist/submission_sm90a.py --mode leaderboard --seed-peer --json dist/leaderboard-bench.json
 
 # AMD: compile-check every generated gfx942/gfx950 kernel and inspect its assembly (MFMA
 # present, no spills); toolchains: Debian clang-19 (gfx942) and clang-21 in a sid chroot.

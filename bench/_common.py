@@ -116,10 +116,12 @@ def quantize_fp8(kv_bf16):
 
 
 def task_inputs():
-    """tests/leaderboard/task_inputs.py (the task's inputs, check and the one attention reference)."""
-    if REPO not in sys.path:
-        sys.path.insert(0, REPO)
-    from tests.leaderboard import task_inputs as ti
+    """bench/leaderboard/task_inputs.py (the task's inputs, check and the one attention reference),
+    imported from this folder as `leaderboard.task_inputs`: here `bench` names bench/bench.py."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    from leaderboard import task_inputs as ti
     return ti
 
 

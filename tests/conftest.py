@@ -1,19 +1,27 @@
-"""Shared pytest setup: import paths, the gpu marker, and a count of executed GPU tests.
+"""Shared pytest setup for tests/cpu/ and tests/gpu/: import paths, the gpu marker, and a count
+of executed GPU tests.
 
-GPU tests are the `gpu`-marked ones; a GPU test module is named tests/test_gpu_*.py, so that a
-module skipped as a whole at import (pytest.importorskip) is counted too. With
-MLAGEN_REQUIRE_GPU=1 (the H200 run, .ci/gpu) the session fails when any GPU test or module
-was skipped, or none ran.
+Import paths: the checkout's runtime/python (unless MLAGEN_TEST_INSTALLED=1), the repository root
+(codegen, tools, bench.leaderboard) and tests/ itself (the shared helpers reference, tolerances,
+tool_module).
+
+GPU tests are the ones in tests/gpu/: each is `gpu`-marked here (so `-m gpu` selects exactly
+them, and they skip with the reason where torch sees no GPU), and a module of tests/gpu/ skipped
+as a whole at import (pytest.importorskip) is counted too. A `gpu`-marked test outside tests/gpu/
+is a collection error. With MLAGEN_REQUIRE_GPU=1 (the H200 run, .ci/gpu) the session fails when
+any GPU test or module was skipped, or none ran.
 """
 import os
 import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TESTS)
+GPU_TESTS = os.path.join(TESTS, "gpu")
 # MLAGEN_TEST_INSTALLED=1: test the installed package (pip install .), not runtime/python
 INSTALLED = os.environ.get("MLAGEN_TEST_INSTALLED") == "1"
-for p in ((ROOT,) if INSTALLED else (os.path.join(ROOT, "runtime", "python"), ROOT)):
+for p in ((TESTS, ROOT) if INSTALLED else (TESTS, os.path.join(ROOT, "runtime", "python"), ROOT)):
     if p not in sys.path:
         sys.path.insert(0, p)
 
@@ -23,7 +31,9 @@ REQUIRE_GPU = os.environ.get("MLAGEN_REQUIRE_GPU") == "1"
 
 
 def _is_gpu_module(path) -> bool:
-    return os.path.basename(str(path)).startswith("test_gpu")
+    """A path in tests/gpu/ (a GPU test module, or the folder itself)."""
+    p = os.path.abspath(str(path))
+    return p == GPU_TESTS or p.startswith(GPU_TESTS + os.sep)
 
 
 @pytest.fixture(scope="module")
@@ -52,11 +62,19 @@ def gpu_available():
     return True, ""
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
 def pytest_collection_modifyitems(config, items):
     ok, why = gpu_available()
+    outside = []
     for item in items:
+        if _is_gpu_module(item.path):
+            item.add_marker(pytest.mark.gpu)
+        elif item.get_closest_marker("gpu"):
+            outside.append(item.nodeid)
         if "gpu" in item.keywords and not ok:
             item.add_marker(pytest.mark.skip(reason=f"GPU test: {why}"))
+    if outside:
+        raise pytest.UsageError(f"gpu-marked tests outside tests/gpu/ (move them there): {', '.join(outside[:5])}")
 
 
 def pytest_collectreport(report):

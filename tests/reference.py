@@ -3,7 +3,7 @@ import math
 
 import torch
 
-from leaderboard import task_inputs as _ti  # the one fp8 recipe and the one attention reference
+from bench.leaderboard import task_inputs as _ti  # the one fp8 recipe and the one attention reference
 
 QK, DV, HEADS = 576, 512, 16
 SM_SCALE = 1.0 / math.sqrt(QK)

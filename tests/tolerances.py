@@ -53,7 +53,7 @@ TOLERANCES = {
     # (exact for blocks within 14 binades of the token's largest), q and P split into e4m3
     # hi + lo (~8 significant bits, as bf16), so the same budget as the wide path applies;
     # measured 2-3e-3 like the fp8 warpgroup kernel's.
-    # Per (token, head) row (tests/test_gpu_formats.py, the leaderboard check for mxfp4 KV,
+    # Per (token, head) row (tests/gpu/test_formats.py, the leaderboard check for mxfp4 KV,
     # which the a8w8 reference cannot judge per row: ROW_REL_L2_VS_A8W8): measured worst
     # 4.4e-3 (256x8192, bench/results/row_errors_gpu_d36b2c6.json); 1e-2 is 2.3x that.
     ("mxfp4", "same_inputs"): dict(rel_l2=6e-3, row_rel_l2=1e-2),
@@ -76,7 +76,7 @@ TOLERANCES = {
 
 
 # ---------------------------------------------------------------------------------------------
-# The per-(token, head)-row bound of the leaderboard check (tests/leaderboard/task_inputs.py
+# The per-(token, head)-row bound of the leaderboard check (bench/leaderboard/task_inputs.py
 # check_output: `ok` = the task's check AND every row within ROW_REL_L2 of the a8w8 reference).
 # Why: the task's check (allclose .1/.1, <= 5% outside) passes an all-zero output at kv_len
 # 8192 (~1.5% of the elements outside); a row's relative error is 1.0 there, and 0.25 for a
@@ -108,9 +108,9 @@ ROW_REL_L2_MEASURED = {
 # fp8 KV (the format the H200 submission runs: mlagen "fastest"), bf16 or fp8 q: the worst
 # is 4.91e-2 (256x1024, bf16 q: the reference quantizes q to fp8, the kernel keeps it bf16);
 # 0.1 is 2x that, and 2.5x under the 0.25 of a head 25% off. task_inputs.ROW_REL_L2 holds
-# the same number (tests/leaderboard/test_task_inputs.py checks it).
+# the same number (tests/cpu/test_task_inputs.py checks it).
 ROW_REL_L2 = 0.1
-# The per-row bound against the a8w8 reference by KV format (tests/test_gpu_formats.py):
+# The per-row bound against the a8w8 reference by KV format (tests/gpu/test_formats.py):
 # bf16 KV measured 8.28e-2 (256x1024): 0.17 is 2x. mxfp4 KV is up to 2.6e-1 from the fp8
 # reference in a row (64x1024): E2M1 quantization, not a kernel error, and no bound there
 # would reject a head 25% off; so mxfp4 is held per row to float32 attention on its own

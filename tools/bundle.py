@@ -319,7 +319,7 @@ def main(argv=None) -> int:
     ap.add_argument("--binding-dir", default=BINDING_DIR, help="the mlagen Python package to embed")
     ap.add_argument("--no-kernelguard", action="store_true",
                     help="skip the third gate (tests that build many local bundles of a full library; make bundle and "
-                         "make bundle-local always run it, and tests/test_bundle.py checks the files they wrote)")
+                         "make bundle-local always run it, and tests/cpu/test_bundle.py checks the files they wrote)")
     ap.add_argument("--local-test", action="store_true",
                     help="a bundle for the local harness (not for submission): its own header; size only warns")
     args = ap.parse_args(argv)

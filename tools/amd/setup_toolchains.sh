@@ -11,7 +11,7 @@
 # A toolchain that cannot be set up (sid changes daily; no network; ...) is reported with a loud
 #   TOOLCHAIN UNAVAILABLE: <which>: <why>
 # line and the script still exits 0. <DIR>/../status.json records what is usable, so that
-# callers (tools/amd/check_amd.py, tests/test_amd_toolchain.py) can skip loudly instead of
+# callers (tools/amd/check_amd.py, tests/cpu/test_amd_toolchain.py) can skip loudly instead of
 # failing. Exit status 2 only for a usage error.
 set -uo pipefail
 

@@ -8,7 +8,7 @@ import pytest
 
 from tool_module import load_tool
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))  # tests/<kind>/ -> the checkout
 cs = load_tool("check_sm90.py", "mlagen_check_sm90")
 
 # what ptxas -v printed for the build whose S chain ran ahead of the softmax (branch exp/rows-s-ahead;

@@ -13,7 +13,7 @@ import pytest
 
 from tool_module import load_tool
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))  # tests/<kind>/ -> the checkout
 cm = load_tool("amd/cost_model.py", "mlagen_cost_model")
 CENSUS = cm.CENSUS_FILE
 

@@ -18,7 +18,7 @@ from tolerances import TOLERANCES  # noqa: E402
 from codegen import catalog  # noqa: E402
 from codegen.spec import KernelSpec  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))  # tests/<kind>/ -> the checkout
 pytestmark = pytest.mark.gpu
 GENERIC = catalog.generic_spec("sm90a", "bf16", "fp8e4m3fn").name
 LEADERBOARD = [(4, 1024), (4, 8192), (32, 1024), (32, 8192), (64, 1024), (64, 8192), (256, 1024), (256, 8192)]
@@ -28,7 +28,7 @@ def _specs():
     with open(os.path.join(ROOT, "generated", "manifest.json")) as f:
         return [k for k in json.load(f)["kernels"] if k["arch"] == "sm90a" and k["batch"] and not k.get("page_size")
                 and (k["q_dtype"], k["kv_dtype"]) == ("bf16", "fp8e4m3fn")
-                and (k["num_heads"], k["q_len"]) == (16, 1)]  # other query rows: test_gpu_rows.py  # other formats: test_gpu_formats.py
+                and (k["num_heads"], k["q_len"]) == (16, 1)]  # other query rows: test_rows.py; other formats: test_formats.py
 
 
 def fresh_seed():

@@ -1,13 +1,13 @@
 """Run a submission file the way the leaderboard does, in a fresh process.
 
-    python -m tests.leaderboard.harness dist/submission_sm90a.py --mode test
-    python -m tests.leaderboard.harness dist/submission_sm90a.py --mode leaderboard [--seed-peer] [--json out.json]
-    python -m tests.leaderboard.harness dist/submission_sm90a.py --mode benchmark --shapes 4x1024,64x8192
+    python -m bench.leaderboard.harness dist/submission_sm90a.py --mode test
+    python -m bench.leaderboard.harness dist/submission_sm90a.py --mode leaderboard [--seed-peer] [--json out.json]
+    python -m bench.leaderboard.harness dist/submission_sm90a.py --mode benchmark --shapes 4x1024,64x8192
 
 First the submission server's gates (tools/bundle.py gate_problems: no "stream" in any letter
 case, at most 1,000,000 bytes); a failure ends the run with the server's message (a file whose
 header says LOCAL TEST only warns about its size). Then the command re-runs itself as a child
-process (`--worker`) with the `task.py` stand-in (tests/leaderboard/stub) on sys.path,
+process (`--worker`) with the `task.py` stand-in (bench/leaderboard/stub) on sys.path,
 MLAGEN_LIBRARY unset and runtime/python off PYTHONPATH (the submission must carry everything).
 
 It mirrors gpu-mode/reference-kernels problems/amd_202602/eval.py and utils.py (read, not
@@ -24,7 +24,7 @@ copied) in every point that moves a result:
     mode's cap (leaderboard 100, benchmark 1000 repetitions; --reps lowers it);
   * the figure per shape is the MEAN of the event intervals; the rank the geometric mean of
     the means. The median is printed and saved beside it.
-The inputs are the task's (tests/leaderboard/task_inputs.py: the reference quantizes q to fp8
+The inputs are the task's (bench/leaderboard/task_inputs.py: the reference quantizes q to fp8
 per tensor with fp8 KV; mxfp4 scales padded, float8_e8m0fnu, data float4_e2m1fn_x2).
 --seed-peer times the seed's Triton kernels the same way on the same inputs.
 
@@ -91,7 +91,7 @@ def child_env() -> dict:
 
 
 def run_parent(argv) -> int:
-    cmd = [sys.executable, "-m", "tests.leaderboard.harness", "--worker", *argv]
+    cmd = [sys.executable, "-m", "bench.leaderboard.harness", "--worker", *argv]
     try:
         rc = subprocess.run(cmd, cwd=REPO, env=child_env()).returncode
     except KeyboardInterrupt:
@@ -147,7 +147,7 @@ def _pool_init(submission: str, device: str, stub_dir: str):
         sys.path.insert(0, stub_dir)
     import torch
 
-    from tests.leaderboard import task_inputs as ti
+    from bench.leaderboard import task_inputs as ti
     _W.update(torch=torch, ti=ti, device=torch.device(device), submission=submission)
 
 
@@ -492,7 +492,7 @@ def run_worker(args) -> int:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    ap = argparse.ArgumentParser(prog="python -m tests.leaderboard.harness", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.leaderboard.harness", description=__doc__.splitlines()[0])
     ap.add_argument("submission", help="the submission file (e.g. dist/submission_sm90a.py)")
     ap.add_argument("--mode", choices=("test", "benchmark", "leaderboard"), default="test")
     ap.add_argument("--shapes", nargs="+", action="extend",

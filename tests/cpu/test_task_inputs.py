@@ -1,4 +1,4 @@
-"""CPU tests of the task's input recipe (tests/leaderboard/task_inputs.py): the fp8 and mxfp4
+"""CPU tests of the task's input recipe (bench/leaderboard/task_inputs.py): the fp8 and mxfp4
 quantizers against hand-worked values, the input tuple's structure, the reference and check."""
 import math
 
@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed: the task-input recipe needs it")
 
-from .task_inputs import (E2M1_VALUES, ROW_REL_L2, SM_SCALE, attention_reference, check_output,  # noqa: E402
+from bench.leaderboard.task_inputs import (E2M1_VALUES, ROW_REL_L2, SM_SCALE, attention_reference, check_output,  # noqa: E402
                           clone_data, dequantize_fp8, dequantize_mxfp4, generate_input, quantize_fp8,
                           quantize_mxfp4, reference_a8w8, row_rel_l2)
 
@@ -225,7 +225,7 @@ def test_row_rel_l2_per_token_and_head():
     assert rows.tolist() == [[0.0, 1.0, 0.0], [float("inf"), 0.0, 0.25]]
 
 
-# The leaderboard's eight shapes and the harness's benchmark seeds (tests/leaderboard/harness.py).
+# The leaderboard's eight shapes and the harness's benchmark seeds (bench/leaderboard/harness.py).
 LEADERBOARD = [(4, 1024, 4237), (4, 8192, 4251), (32, 1024, 5432), (32, 8192, 5415),
                (64, 1024, 6432), (64, 8192, 6445), (256, 1024, 7801), (256, 8192, 7824)]
 

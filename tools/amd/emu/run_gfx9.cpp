@@ -10,7 +10,7 @@
 // kv_len - n + 1 + t rows; none: output 0, LSE -inf).
 // Then (run_q8_format) a bf16 q that the kernel quantizes to fp8 (the _amax entry first, as
 // runtime/src/launch.cpp does), and (run_bad_qo_format) a qo_indptr that disagrees with several query tokens.
-// Usage: emu [format substring] [base|rows|qo|q8]. Built and run by tests/test_amd_emulation.py
+// Usage: emu [format substring] [base|rows|qo|q8]. Built and run by tests/cpu/test_amd_emulation.py
 // for gfx950 (-D__gfx950__) and gfx942 (-D__gfx942__: formats.cuh's e4m3fnuz range for a q
 // quantized here).
 // The KV tensor and the mxfp4 scale tensor end at a PROT_NONE page: a kernel that reads
@@ -275,7 +275,7 @@ static bool run_case(const Format& fmt, const Case& c) {
   const int batch = static_cast<int>(lens.size()), splits = c.splits, H = c.heads;
   std::vector<int> qlens = c.qlens.empty() ? std::vector<int>(batch, 1) : c.qlens;
   const int q_len = c.q_len ? c.q_len : *std::max_element(qlens.begin(), qlens.end());
-  const int groups = (H * q_len + kHeads - 1) / kHeads;  // blocks of 16 query rows a sequence
+  const int groups = (H * q_len + kGroupRows - 1) / kGroupRows;  // blocks of 16 query rows a sequence
   std::vector<int32_t> kv_indptr(batch + 1, 0), qo_indptr(batch + 1, 0);
   for (int b = 0; b < batch; ++b) kv_indptr[b + 1] = kv_indptr[b] + lens[b];
   for (int b = 0; b < batch; ++b) qo_indptr[b + 1] = qo_indptr[b] + qlens[b];
@@ -359,7 +359,7 @@ static bool run_case(const Format& fmt, const Case& c) {
   }
 
   std::vector<uint16_t> out(static_cast<size_t>(total_q) * H * kVDim, 0xffff);  // poison (NaN)
-  const size_t part_rows = static_cast<size_t>(batch) * splits * groups * kHeads;  // [batch, splits, groups, 16]
+  const size_t part_rows = static_cast<size_t>(batch) * splits * groups * kGroupRows;  // [batch, splits, groups, 16]
   std::vector<float2> part_ml(part_rows);
   std::vector<float> part_o(part_rows * kVDim, NAN);
   const int kLseStride = H + 3;  // padded: the 3 floats after each token's H must stay untouched
@@ -407,7 +407,7 @@ static bool run_case(const Format& fmt, const Case& c) {
   if constexpr (QF == QFormat::kFp8FromBf16) launch(q_amax_block<256>, p.q_amax_parts, 1, 256, p, c.reverse);
   launch(mla_decode_block<T, Shape>, splits * groups, batch, T::kThreads, p, c.reverse);  // launch.cpp's grid
   if (splits > 1 && !FusedCombine<TG>::value)
-    launch(mla_combine_block<TG, Shape>, batch * groups * kHeads, 1, 128, p, c.reverse);
+    launch(mla_combine_block<TG, Shape>, batch * groups * kGroupRows, 1, 128, p, c.reverse);
   bool counters_reset = true;  // the merging block leaves every counter at 0 for the next call
   for (uint32_t v : counters) counters_reset &= v == 0u;
   constexpr bool kNativeFp8 = T::kNative;

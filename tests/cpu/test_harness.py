@@ -12,9 +12,8 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed: the harness needs it")
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
-STUB = os.path.join(HERE, "stub")
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))  # tests/<kind>/ -> the checkout
+STUB = os.path.join(ROOT, "bench", "leaderboard", "stub")  # the task.py stand-in
 LIB = os.path.join(ROOT, "build", "sm90a", "libmlagen.so")
 
 CPU_SUBMISSION = textwrap.dedent('''\
@@ -36,7 +35,7 @@ CPU_SUBMISSION = textwrap.dedent('''\
 
 
 def _harness(*args):
-    return subprocess.run([sys.executable, "-m", "tests.leaderboard.harness", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "bench.leaderboard.harness", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
 
 

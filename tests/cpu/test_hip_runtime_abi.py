@@ -1,7 +1,7 @@
 """The loader's view of HIP (runtime/src/gpu.cpp declares the few HIP types and values it uses
 instead of including ROCm's headers) against a real HIP runtime: Debian's ROCm 6.4 in the AMD
 toolchain's sid chroot (no ROCm 7 runtime is in Debian or on PyPI; the module API's names and these
-values are the same in 7.x, and tests/test_rocm7_load.py loads the bundle under ROCm 7's file name).
+values are the same in 7.x, and tests/cpu/test_rocm7_load.py loads the bundle under ROCm 7's file name).
 
 * HIP's own header agrees with what gpu.cpp assumes: hipSuccess 0, hipMemcpyDeviceToHost 2, handles
   pointer-sized, and every function the loader resolves declared with the signature it calls.

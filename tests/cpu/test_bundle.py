@@ -1,6 +1,6 @@
 """CPU test of the leaderboard bundle (tools/bundle.py): its structure, its embedded library
 and binding. Builds a bundle from the built library into a temporary directory; does not
-import torch (tests/leaderboard/test_harness_cpu.py imports a bundle where torch is)."""
+import torch (tests/cpu/test_harness.py imports a bundle where torch is)."""
 import ast
 import base64
 import ctypes
@@ -14,7 +14,7 @@ import zlib
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))  # tests/<kind>/ -> the checkout
 BUNDLE = os.path.join(ROOT, "tools", "bundle.py")
 BINDING = os.path.join(ROOT, "runtime", "python", "mlagen")
 DEFAULT_LIB = os.path.join(ROOT, "build", "sm90a", "libmlagen.so")

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))  # tests/<kind>/ -> the checkout
 pytestmark = pytest.mark.gpu
 
 
@@ -20,7 +20,7 @@ def test_mxfp4_table_decode_matches_the_fp32_route(tmp_path):
     exe = tmp_path / "mxfp4_table_decode"
     build = subprocess.run([nvcc, "-std=c++17", "-O3", "-gencode=arch=compute_90a,code=sm_90a",
                             "-I", os.path.join(ROOT, "runtime", "include"), "-o", str(exe),
-                            os.path.join(ROOT, "tests", "gpu_unit", "mxfp4_table_decode.cu")],
+                            os.path.join(ROOT, "tests", "gpu", "mxfp4_table_decode.cu")],
                            capture_output=True, text=True)
     assert build.returncode == 0, build.stderr[-3000:]
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)

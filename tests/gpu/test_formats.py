@@ -17,12 +17,12 @@ torch = pytest.importorskip("torch", reason="GPU tests need torch")
 import mlagen  # noqa: E402
 from mlagen import quant  # noqa: E402
 
-from leaderboard import task_inputs  # noqa: E402
+from bench.leaderboard import task_inputs  # noqa: E402
 from reference import attention, exact_inputs, make_inputs, rel_l2  # noqa: E402
 from tolerances import ROW_REL_L2_VS_A8W8, TOLERANCES  # noqa: E402
 from codegen.spec import KernelSpec  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))  # tests/<kind>/ -> the checkout
 pytestmark = pytest.mark.gpu
 FORMATS = ("fp8", "bf16", "mxfp4")
 KV_DTYPE = {"fp8": "fp8e4m3fn", "bf16": "bf16", "mxfp4": "mxfp4"}
@@ -90,7 +90,7 @@ def check(inp, out, fmt, q_dtype, seed):
 
 def _specialized():
     return [k for k in _manifest() if k["batch"] and not k.get("page_size") and (k["num_heads"], k["q_len"]) == (16, 1)
-            and (k["q_dtype"], k["kv_dtype"]) != ("bf16", "fp8e4m3fn")]  # other query rows: test_gpu_rows.py
+            and (k["q_dtype"], k["kv_dtype"]) != ("bf16", "fp8e4m3fn")]  # other query rows: test_rows.py
 
 
 @pytest.mark.parametrize("spec", _specialized(), ids=lambda k: k["name"])

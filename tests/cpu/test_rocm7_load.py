@@ -20,7 +20,7 @@ from tool_module import ROOT, load_tool
 bundle = load_tool("bundle.py", "bundle_for_rocm7")
 SUBMISSION = os.path.join(ROOT, "dist", "submission.py")
 STUB_SRC = os.path.join(ROOT, "tests", "fixtures", "hip_runtime_stub.cpp")
-TASK_STUB = os.path.join(ROOT, "tests", "leaderboard", "stub")
+TASK_STUB = os.path.join(ROOT, "bench", "leaderboard", "stub")
 
 FAKE_TORCH = '''"""Stands in for torch 2.10+rocm7.1: loads its lib/libamdhip64.so.7 as torch's libraries would."""
 import ctypes as _ctypes
@@ -97,7 +97,7 @@ def test_bundle_imports_against_rocm7_named_runtime(rocm7_torch, tmp_path):
     raw = bundle.unpack_library(open(SUBMISSION, encoding="utf-8").read())
     libfile = tmp_path / "libmlagen.so"
     libfile.write_bytes(raw)
-    from test_code_objects import _open
+    from tests.cpu.test_code_objects import _open
     _, objects, entries = _open(str(libfile))
 
     calls = log.read_text().splitlines()

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))  # tests/<kind>/ -> the checkout
 
 from mlagen import _lib  # noqa: E402
 from mlagen._lib import Problem  # noqa: E402

@@ -1,4 +1,4 @@
-"""GPU tests of the binding's reliability (issue 15): scratch never shared between concurrent
+"""GPU tests of the binding's reliability: scratch never shared between concurrent
 callers, a cached call validated like a first one, defined output for bad data, CUDA graphs
 that outlive later calls, the device a launch goes to.
 

@@ -1,7 +1,7 @@
 // The table route of the mxfp4 dequantization (sm90_ops.cuh e2m1x8_to_bf16_scaled) against
 // the fp32 route (formats.cuh mxfp4x8_to_bf16), bit for bit: every 16-bit pattern of packed
 // E2M1 codes in both halves of the word, for scale bytes across the table route's range.
-// Built and run by tests/test_gpu_units.py; prints "mismatches: N", exits 1 when N > 0.
+// Built and run by tests/gpu/test_units.py; prints "mismatches: N", exits 1 when N > 0.
 #include <cstdio>
 #include "mlagen/device/formats.cuh"
 using namespace mlagen::device;

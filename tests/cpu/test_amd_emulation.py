@@ -1,9 +1,9 @@
 """The AMD kernel source, run on the CPU.
 
-There is no AMD GPU here, so tests/amd_emu/emu_hip.h stands in for the few HIP/AMDGPU
+There is no AMD GPU here, so tools/amd/emu/emu_hip.h stands in for the few HIP/AMDGPU
 features the gfx9 kernel uses (threads, barriers, wave shuffles, the MFMA builtins with
 their documented operand layouts, v_perm_b32, the fp8 decode of each arch), and
-tests/amd_emu/run_gfx9.cpp runs the real mla_decode_gfx9.cuh + combine kernels on inputs
+tools/amd/emu/run_gfx9.cpp runs the real mla_decode_gfx9.cuh + combine kernels on inputs
 with split, tail, empty and over-split sequences against a float64 reference on the
 dequantized inputs (and a bf16 q beyond f16's range), for each format pair the gfx9 kernel implements: fp8 KV (f16 MFMA) with
 bf16 or fp8 q, bf16 KV and mxfp4 KV (bf16 MFMA; mxfp4 scale row strides 18 and 24) with bf16
@@ -30,8 +30,8 @@ import subprocess
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EMU = os.path.join(ROOT, "tests", "amd_emu")
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))  # tests/<kind>/ -> the checkout
+EMU = os.path.join(ROOT, "tools", "amd", "emu")
 
 
 def _clang():

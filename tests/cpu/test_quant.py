@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed: mlagen.quan
 
 from mlagen import quant  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))  # tests/<kind>/ -> the checkout
 
 
 def _nibbles(data):
@@ -205,7 +205,7 @@ def test_make_kv_formats_matches_the_task():
 
 
 def test_task_inputs_reexports_the_package_functions():
-    from tests.leaderboard import task_inputs as ti
+    from bench.leaderboard import task_inputs as ti
     for name in ("quantize_fp8", "dequantize_fp8", "quantize_mxfp4", "dequantize_mxfp4", "quantize_q_fp8",
                  "make_kv_formats", "E2M1_VALUES", "MX_BLOCK", "FP8_DTYPE"):
         assert getattr(ti, name) is getattr(quant, name), name
@@ -241,7 +241,7 @@ def test_task_inputs_without_the_package_on_the_path():
     # not imported is checked then)
     unimportable = ("try:\n    import mlagen\nexcept ImportError:\n    pass\nelse:\n    raise SystemExit('mlagen importable')\n"
                     if os.environ.get("MLAGEN_TEST_INSTALLED") != "1" else "")
-    code = ("import sys\nfrom tests.leaderboard import task_inputs as ti\n"
+    code = ("import sys\nfrom bench.leaderboard import task_inputs as ti\n"
             "assert not any(m == 'mlagen' or m.startswith('mlagen.') for m in sys.modules)\n"
             "assert ti.quantize_mxfp4.__module__ == '_mlagen_quant'\n" + unimportable +
             "print(ti.generate_input(1, 32, seed=1, device='cpu')[1]['mxfp4'][1].shape)\n")

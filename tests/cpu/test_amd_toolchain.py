@@ -12,7 +12,7 @@ import pytest
 
 from tool_module import load_tool
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))  # tests/<kind>/ -> the checkout
 AMD = os.path.join(ROOT, "tools", "amd")
 CHECK = os.path.join(AMD, "check_amd.py")
 ca = load_tool("amd/check_amd.py", "mlagen_check_amd")

@@ -65,7 +65,7 @@ RTOL = ATOL = 0.1
 MAX_MISMATCH = 0.05
 # check_output's per-(token, head)-row bound on ||out - ref|| / ||ref||, besides the task's
 # check. The measurements behind the number are in tests/tolerances.py (ROW_REL_L2_MEASURED);
-# tests/leaderboard/test_task_inputs.py checks that the two files agree.
+# tests/cpu/test_task_inputs.py checks that the two files agree.
 ROW_REL_L2 = 0.1  # 2x the worst measured for fp8 KV (4.9e-2); a head 25% off is 0.25
 
 
