@@ -40,7 +40,7 @@ PAGED_SPECIALIZED = {"sm90a": dict(dtypes=(("bf16", "fp8e4m3fn"), ("bf16", "bf16
 # (num_heads, q_len) -> ((q dtype, kv dtype) pairs, shapes)
 # Rows of 64 and more (128 and 64 heads, 16 heads x 4 tokens) take the rows body with spec block_m
 # 64, rows of 32 (32 heads, 16 heads x 2 tokens) with block_m 32; the (2, 1000) / (3, 1000) shapes
-# are there so that its short last tile and splits run in the tests (tests/test_gpu_rows.py
+# are there so that its short last tile and splits run in the tests (tests/gpu/test_rows.py
 # test_rows_body_matches_float64).
 ROWS_SPECIALIZED = {"sm90a": {(128, 1): ((("bf16", "fp8e4m3fn"), ("fp8", "fp8e4m3fn")), ((64, 8192), (128, 4096), (2, 1000))),
                               (64, 1): ((("bf16", "fp8e4m3fn"), ("fp8", "fp8e4m3fn")), ((64, 8192),)),

@@ -47,7 +47,7 @@ def _torch():
 # measured on the H200 (bench/results/latest.json at e34e110: geomean over the eight
 # shapes fp8 42.1 us, mxfp4 51.1 us, bf16 61.6 us; the same order in every run since). bf16 stays ahead of mxfp4 although
 # slower: every format passes the leaderboard check on its shapes with 0% outside
-# (tests/test_gpu_formats.py), but mxfp4's margin is thin for very short sequences (a single
+# (tests/gpu/test_formats.py), but mxfp4's margin is thin for very short sequences (a single
 # KV token: 4.9% outside against the 5% limit, ../shared/anchors.md). AMD: the H200's order
 # until measured on an MI300X / MI355X (both AMD kernels dequantize mxfp4 in LDS).
 KV_FORMATS = ("fp8", "bf16", "mxfp4")

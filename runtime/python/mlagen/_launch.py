@@ -4,7 +4,7 @@ This is the one module of the binding that touches a stream API. The leaderboard
 (tools/bundle.py) carries every other module of the binding and replaces this one with its
 own, whose handle() is None: the device's default stream (NULL), where the evaluation records
 its CUDA events. The submission server refuses any file that names streams at all, so the rest
-of the binding never does (tests/test_bundle.py checks the sources).
+of the binding never does (tests/cpu/test_bundle.py checks the sources).
 """
 from __future__ import annotations
 

@@ -49,7 +49,7 @@ A block of zeros: amax = 0 has float32 bits 0; + 0x200000 and the mantissa dropp
 input: the sign bit is kept), and the block dequantizes to zeros. The clamp gives the same byte 0
 to any block whose amax is below 1.75 * 2^-125.
 
-tests/test_quant.py and tests/leaderboard/test_task_inputs.py check these blocks exactly.
+tests/cpu/test_quant.py and tests/cpu/test_task_inputs.py check these blocks exactly.
 """
 from __future__ import annotations
 
