@@ -22,8 +22,8 @@ TOLERANCES = {
     #  Both end with the bf16 output rounding, which alone is 1.66e-3 rel-L2 (the float32
     #  reference rounded to bf16: bench/row_errors.py (removed with the probes; in git history) fp8kv_fp8q_*, bench/results/row_errors_*.json).
     # Measured on the H200 (bench/row_errors.py (removed with the probes; in git history) --kernels, 3 seeds a leaderboard shape,
-    # bench/results/row_errors_gpu_d36b2c6.json; bench/results/latest.json at 8fb04e9 and
-    # docs/perf.md v3 "1.7-3.3e-3" agree): mma.sync 1.68e-3 (4x1024); warpgroup 1.71-1.93e-3
+    # bench/results/row_errors_gpu_d36b2c6.json; an earlier bench run's figures agree:
+    # 1.7-3.3e-3): mma.sync 1.68e-3 (4x1024); warpgroup 1.71-1.93e-3
     # at up to 2048 tokens a block, 3.27-3.28e-3 at 256x8192 (one split: 8192 tokens a
     # block). Only the warpgroup kernels grow with the tokens a block (mxfp4 in the same kernel:
     # 3.12e-3 at 256x8192; the bf16 mma.sync path: 1.77e-3 there), consistent with the
