@@ -90,7 +90,7 @@ fi
 [ "$G942_OK" = true ] || loud "gfx942 (clang-19)" "$G942_WHY"
 
 # ---------------------------------------------------------------- gfx950: sid chroot clang-21
-G950_OK=false; G950_WHY=""; G950_VER=""; G950_LINK=false; G950_LINK_WHY=""
+G950_OK=false; G950_WHY=""; G950_VER=""; G950_CO=false; G950_CO_WHY=""
 unmount_under() {  # unmount everything mounted at or below $1 (deepest first)
   local d=$1
   awk -v d="$d" '$2 == d || index($2, d "/") == 1 { print $2 }' /proc/self/mounts | sort -r |
@@ -159,16 +159,14 @@ if [ $DO_CHROOT = 1 ] && have_chroot_clang; then
   else
     G950_WHY="clang++-21 in $ROOT cannot compile for gfx950: $(head -3 "$W/log" | tr '\n' ' ') (to rebuild the chroot: rm -rf $ROOT and run this again)"
   fi
-  # Linking a shared library (host + device) against libamdhip64.
-  printf 'extern "C" int mlagen_probe_host() { return 1; }\n' > "$W/h.cpp"
-  if chroot "$ROOT" clang++-21 -x hip --offload-arch=gfx950 -O3 -fPIC -c -o "$w/p.o" "$w/p.hip" > "$W/log" 2>&1 &&
-     chroot "$ROOT" clang++-21 -O3 -fPIC -c -o "$w/h.o" "$w/h.cpp" >> "$W/log" 2>&1 &&
-     chroot "$ROOT" clang++-21 -shared -fPIC -o "$w/libp.so" "$w/p.o" "$w/h.o" -lamdhip64 >> "$W/log" 2>&1; then
-    G950_LINK=true
-    say "gfx950: OK: links a shared library with -lamdhip64"
+  # The library's route (tools/amd/hip-device-cc): a device-only compile to a plain code object v5.
+  if chroot "$ROOT" clang++-21 -x hip --offload-arch=gfx950 --offload-device-only --no-gpu-bundle-output -O3 \
+       -mcode-object-version=5 -o "$w/p.hsaco" "$w/p.hip" > "$W/log" 2>&1 && [ "$(head -c 4 "$W/p.hsaco" | od -An -c | tr -d ' ')" = '177ELF' ]; then
+    G950_CO=true
+    say "gfx950: OK: writes a gfx950 code object (ELF, v5) as the library's build does"
   else
-    G950_LINK_WHY="gfx950 shared-library link failed: $(grep -m3 -E 'error|cannot' "$W/log" | tr '\n' ' ')"
-    say "gfx950: link probe FAILED: $G950_LINK_WHY"
+    G950_CO_WHY="gfx950 code object compile failed: $(grep -m3 -E 'error|cannot' "$W/log" | tr '\n' ' ')"
+    say "gfx950: code object probe FAILED: $G950_CO_WHY"
   fi
   rm -rf "$W"
 elif [ $DO_CHROOT = 1 ] && [ -z "$G950_WHY" ]; then
@@ -186,10 +184,10 @@ cat > "$STATUS.tmp" <<EOF
              "version": $(json_str "$G942_VER"), "why": $(json_str "$G942_WHY")},
   "gfx950": {"usable": $G950_OK, "compiler": "clang++-21", "where": "chroot",
              "version": $(json_str "$G950_VER"), "why": $(json_str "$G950_WHY"),
-             "link_usable": $G950_LINK, "link_why": $(json_str "$G950_LINK_WHY")}
+             "code_object_usable": $G950_CO, "code_object_why": $(json_str "$G950_CO_WHY")}
 }
 EOF
 mv "$STATUS.tmp" "$STATUS"
-say "status: gfx942 usable=$G942_OK, gfx950 usable=$G950_OK (link=$G950_LINK) -> $STATUS"
+say "status: gfx942 usable=$G942_OK, gfx950 usable=$G950_OK (code objects=$G950_CO) -> $STATUS"
 say "done in $(( $(date +%s) - T0 )) s"
 exit 0
