@@ -98,6 +98,8 @@ def _import_package(root, lib):
     try:
         import mlagen
         import mlagen._lib
+        if _KV_FORMAT == "mxfp4":
+            import mlagen.quant  # the self-check's dequantization (the folder is gone after the import)
     finally:
         _sys.path.remove(root)
     return mlagen
@@ -191,13 +193,13 @@ def _aiter_decode(data):
     return out
 
 
-def _attention_f32(q, kv, scale, config, qo, kvp, sequences):
-    # float32 attention of the given sequences, the fp8 KV dequantized; causal among a sequence's
-    # query tokens (token i of n sees the first len - n + 1 + i rows)
+def _attention_f32(q, rows, config, qo, kvp, sequences):
+    # float32 attention of the given sequences over float32 KV rows (total_kv, 576); causal among a
+    # sequence's query tokens (token i of n sees the first len - n + 1 + i rows)
     outs = []
     for b in sequences:
         qb = q[qo[b]:qo[b + 1]].float()
-        kb = kv[kvp[b]:kvp[b + 1]].reshape(-1, kv.shape[-1]).float() * scale.float()
+        kb = rows[kvp[b]:kvp[b + 1]]
         n, length = qb.shape[0], kb.shape[0]
         s = torch.einsum("nhd,ld->nhl", qb, kb) * config["sm_scale"]
         if n > 1:
@@ -208,11 +210,22 @@ def _attention_f32(q, kv, scale, config, qo, kvp, sequences):
     return torch.cat(outs)
 
 
+def _kv_rows_f32(kv_data, fmt, end):
+    # the first `end` KV rows of a format, dequantized to float32 (total rows, 576)
+    if fmt == "fp8":
+        kv, scale = kv_data["fp8"]
+        return kv[:end].reshape(end, -1).float() * scale.float()
+    if fmt == "bf16":
+        return kv_data["bf16"][:end].reshape(end, -1).float()
+    data, scales = kv_data["mxfp4"]
+    return mlagen.quant.dequantize_mxfp4(data[:end], scales[:end]).reshape(end, -1)
+
+
 def _torch_decode(data):
-    # where aiter does not exist (a local run): the same attention in float32, a bf16 output
+    # where aiter does not exist (a local run): the reference's fp8 attention in float32, a bf16 output
     q, kv_data, qo_indptr, kv_indptr, config = data
-    kv, scale = kv_data["fp8"]
-    return _attention_f32(q, kv, scale, config, qo_indptr.tolist(), kv_indptr.tolist(),
+    kvp = kv_indptr.tolist()
+    return _attention_f32(q, _kv_rows_f32(kv_data, "fp8", kvp[-1]), config, qo_indptr.tolist(), kvp,
                           range(config["batch_size"])).to(torch.bfloat16)
 
 
@@ -233,12 +246,12 @@ def _reference_path(data):
 
 
 def _self_check(data, out):
-    # the first sequences' rows, every head, against float32 on the same inputs; None when fine
+    # the first sequences' rows, every head, against float32 on the same inputs (the bundle's KV
+    # format, dequantized); None when fine
     q, kv_data, qo_indptr, kv_indptr, config = data
-    kv, scale = kv_data["fp8"]
     n = min(_SELF_CHECK_SEQUENCES, config["batch_size"])
     qo, kvp = qo_indptr[:n + 1].tolist(), kv_indptr[:n + 1].tolist()
-    ref = _attention_f32(q, kv, scale, config, qo, kvp, range(n))
+    ref = _attention_f32(q, _kv_rows_f32(kv_data, _KV_FORMAT, kvp[n]), config, qo, kvp, range(n))
     got = out[:qo[n]].float()
     if _FORCE == "selfcheck":
         got = got * 1.5

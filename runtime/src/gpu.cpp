@@ -277,7 +277,7 @@ mlagen_status load(const CodeObject& obj, Functions* f) {
     if (st != MLAGEN_OK) return st;
 #if defined(MLAGEN_VENDOR_NVIDIA)
     // dynamic shared memory over the 48 KB default is a per-function opt-in
-    const int smem = i == 0 ? obj.info.smem_bytes : i == 1 ? obj.info.q8_smem_bytes : 0;
+    const int smem = static_cast<int>(entry_shape(obj.info, i).smem);
     if (smem > 48 * 1024) {
       std::snprintf(what, sizeof(what), "%s: MAX_DYNAMIC_SHARED_SIZE_BYTES=%d", name, smem);
       st = check(a->FuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem), what);

@@ -18,12 +18,24 @@ namespace mlagen {
 // KernelSpec.entry_points; tools/embed.py checked each against the object's symbols).
 constexpr int kEntryKinds = 4;
 constexpr const char* kEntrySuffix[kEntryKinds] = {"", "_q8", "_amax", "_combine"};
-enum EntryBits { kEntryDecode = 1, kEntryQ8 = 2, kEntryAmax = 4, kEntryCombine = 8 };
+enum EntryKind { kDecode = 0, kDecodeQ8 = 1, kAmax = 2, kCombine = 3 };  // bit k of CodeObject::entries, kEntrySuffix[k]
+// An entry point's block and dynamic shared memory, from its object's LaunchInfo.
+struct EntryShape {
+  unsigned threads, smem;
+};
+inline EntryShape entry_shape(const device::LaunchInfo& i, int kind) {
+  switch (kind) {
+    case kDecode: return {static_cast<unsigned>(i.threads), static_cast<unsigned>(i.smem_bytes)};
+    case kDecodeQ8: return {static_cast<unsigned>(i.q8_threads), static_cast<unsigned>(i.q8_smem_bytes)};
+    case kAmax: return {static_cast<unsigned>(i.amax_threads), 0};
+    default: return {static_cast<unsigned>(i.combine_threads), 0};
+  }
+}
 struct CodeObject {
   const char* name;
   const unsigned char* begin;
   const unsigned char* end;
-  int32_t entries;  // EntryBits
+  int32_t entries;  // bit k: it has the EntryKind k entry
   device::LaunchInfo info;
 };
 const CodeObject* code_objects(size_t* count);

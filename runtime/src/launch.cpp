@@ -124,21 +124,20 @@ mlagen_status launch_kernel(const CodeObject& obj, const mlagen_problem* pr, int
   if (quantize_q) {
     if (!f->amax || !f->q8)
       return fail(MLAGEN_ERR_UNSUPPORTED, "%s: no _amax / _q8 entry (q_from_bf16=1 needs an fp8-q kernel)", obj.name);
-    st = gpu::launch({f->amax, static_cast<unsigned>(p.q_amax_parts), 1, static_cast<unsigned>(info.amax_threads), 0,
-                      stream, args, false},
+    st = gpu::launch({f->amax, static_cast<unsigned>(p.q_amax_parts), 1, entry_shape(info, kAmax).threads, 0, stream,
+                      args, false},
                      "q amax launch");
     if (st != MLAGEN_OK) return st;
   }
-  const unsigned block = static_cast<unsigned>(quantize_q ? info.q8_threads : info.threads);
-  const unsigned smem = static_cast<unsigned>(quantize_q ? info.q8_smem_bytes : info.smem_bytes);
+  const EntryShape decode = entry_shape(info, quantize_q ? kDecodeQ8 : kDecode);
   // after the amax pre-pass the decode starts early and waits for it on the device (NVIDIA)
-  st = gpu::launch({quantize_q ? f->q8 : f->decode, grid_x, grid_y, block, smem, stream, args, quantize_q},
+  st = gpu::launch({quantize_q ? f->q8 : f->decode, grid_x, grid_y, decode.threads, decode.smem, stream, args, quantize_q},
                    "decode launch");
   if (st != MLAGEN_OK) return st;
   if (splits > 1 && !info.fused_combine) {
     if (!f->combine) return fail(MLAGEN_ERR_UNSUPPORTED, "%s: no _combine entry, and %d splits to merge", obj.name, splits);
     const unsigned rows = static_cast<unsigned>(pr->batch * p.row_groups * 16);  // one block a query row
-    st = gpu::launch({f->combine, rows, 1, static_cast<unsigned>(info.combine_threads), 0, stream, args, true},
+    st = gpu::launch({f->combine, rows, 1, entry_shape(info, kCombine).threads, 0, stream, args, true},
                      "combine launch");
   }
   return st;

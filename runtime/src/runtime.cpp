@@ -528,7 +528,7 @@ bool entry_at(int32_t i, mlagen_entry_point* out) {
     for (int k = 0; k < kEntryKinds; ++k) {
       if (!(all[o].entries & (1 << k)) || i-- > 0) continue;
       std::snprintf(name, sizeof(name), "%s%s", all[o].name, kEntrySuffix[k]);
-      const bool decode = k == 0 || k == 1;  // the decodes take the maps too (rows body)
+      const bool decode = k == kDecode || k == kDecodeQ8;  // the decodes take the maps too (rows body)
       *out = mlagen_entry_point{};
       out->name = name;
       out->code_object = static_cast<int32_t>(o);
@@ -539,8 +539,9 @@ bool entry_at(int32_t i, mlagen_entry_point* out) {
         out->arg_bytes[1] = static_cast<int32_t>(sizeof(device::KvMapsAbi));
         out->arg_align[1] = static_cast<int32_t>(alignof(device::KvMapsAbi));
       }
-      out->threads = k == 0 ? info.threads : k == 1 ? info.q8_threads : k == 2 ? info.amax_threads : info.combine_threads;
-      out->smem_bytes = k == 0 ? info.smem_bytes : k == 1 ? info.q8_smem_bytes : 0;
+      const EntryShape shape = entry_shape(info, k);
+      out->threads = static_cast<int32_t>(shape.threads);
+      out->smem_bytes = static_cast<int32_t>(shape.smem);
       return true;
     }
   }

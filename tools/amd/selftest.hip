@@ -4,7 +4,7 @@
 // route and the assembly parser are checked before any real AMD kernel exists.
 //
 // Compiled device-only per arch (--offload-arch=gfx942 with clang-19, gfx950 with clang-21)
-// and, by tools/amd/link_gfx950.sh, into a shared library with -lamdhip64.
+// and, by tests/cpu/test_amd_toolchain.py through tools/amd/hip-device-cc, into a gfx950 code object.
 #include "mlagen/platform.h"
 
 #if !defined(MLAGEN_AMD)

@@ -6,12 +6,15 @@
 #include <cstddef>
 #include <cstdint>
 
+// device compilers (and the AMD emulator): their vector types
+#if defined(__CUDACC__) || defined(__HIP__) || defined(__HIP_PLATFORM_AMD__)
+#define MLAGEN_ABI_DEVICE_TYPES 1
+#include "mlagen/platform.h"
+#endif
+
 namespace mlagen::device {
 
-#if defined(__CUDACC__) || defined(__HIP__) || defined(__HIP_PLATFORM_AMD__)  // device compilers (and the AMD emulator)
-}  // namespace mlagen::device
-#include "mlagen/platform.h"  // the device compilers' vector types
-namespace mlagen::device {
+#if defined(MLAGEN_ABI_DEVICE_TYPES)
 using MlPair = float2;
 #else
 struct alignas(8) MlPair {
