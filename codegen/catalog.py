@@ -10,7 +10,8 @@ import os
 import re
 from typing import Iterable
 
-from .spec import (ANY, ARCHS, IMPLEMENTED, NATIVE_FP8_TARGET_BLOCKS, ROWS_BODY_TARGET_BLOCKS, KernelSpec,
+from .spec import (ANY, ARCHS, IMPLEMENTED, NATIVE_FP8_TARGET_BLOCKS, ROWS_BODY_TARGET_BLOCKS, SPLIT_MAX,
+                   SPLIT_MIN_TOKENS, SPLIT_PARTIAL_COST, KernelSpec,
                    SpecError, default_tiles, row_groups, rows_body_tiles, ROWS_BODY_BLOCK_MS)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -93,15 +94,18 @@ def native_fp8_splits(batch: int, kv_len: int) -> int:
     return max(1, min(-(-NATIVE_FP8_TARGET_BLOCKS // batch), -(-tiles // 4), 64))
 
 
-def heuristic_params(arch: str, batch: int, kv_len: int, kv_dtype: str = "fp8e4m3fn", row_groups: int = 1) -> dict:
+def heuristic_params(arch: str, batch: int, kv_len: int, kv_dtype: str = "fp8e4m3fn", row_groups: int = 1,
+                     rows: int | None = None) -> dict:
     """Splits that fill the GPU without letting the partial outputs (32 KB a split, about
     56 tokens of fp8 KV) rival the KV bytes: at least 256 tokens a split. row_groups: blocks
-    of 16 query rows a sequence (heads x query tokens / 16)."""
+    of 16 query rows a sequence (heads x query tokens / 16); rows: heads x query tokens (16 x row_groups
+    when not given)."""
     generic = generic_spec(arch, "bf16", kv_dtype)  # the q format changes no tiling
     if generic.native_fp8:
         return dict(splits=native_fp8_splits(batch * row_groups, kv_len), block_n=generic.block_n,
                     stages=generic.stages)
-    return dict(splits=heuristic_splits(generic.target_blocks, batch * row_groups, kv_len),
+    rows = 16 * row_groups if rows is None else rows
+    return dict(splits=heuristic_splits(generic.target_blocks, batch * row_groups, kv_len, arch, batch * rows),
                 block_n=generic.block_n, stages=generic.stages)
 
 
@@ -112,16 +116,29 @@ def rows_params(arch: str, batch: int, kv_len: int, q_dtype: str, kv_dtype: str,
     tiles = rows_body_tiles(arch, q_dtype, kv_dtype, rows)
     if tiles:
         blocks = batch * rows // tiles["block_m"]
-        return dict(splits=heuristic_splits(ROWS_BODY_TARGET_BLOCKS, blocks, kv_len), **tiles)
-    return heuristic_params(arch, batch, kv_len, kv_dtype, row_groups(heads, q_len))
+        return dict(splits=heuristic_splits(ROWS_BODY_TARGET_BLOCKS, blocks, kv_len, arch, batch * rows), **tiles)
+    return heuristic_params(arch, batch, kv_len, kv_dtype, row_groups(heads, q_len), rows)
 
 
-def heuristic_splits(target_blocks: int, blocks: int, kv_len: int) -> int:
-    """The same rule as the runtime's generic_splits() (runtime/src/runtime.cpp): round
-    half up, at least 1, at most one split per 256 tokens and 64 in all. blocks: batch x
-    row groups (the blocks a split of every sequence makes)."""
-    splits = max(1, int(target_blocks / blocks + 0.5))
-    return min(splits, max(1, kv_len // 256), 64)
+def heuristic_splits(target_blocks: int, blocks: int, kv_len: int, arch: str | None = None,
+                     query_rows: int = 0) -> int:
+    """The same rule as the runtime's generic_splits() (runtime/src/runtime.cpp). blocks: batch x
+    row blocks (the blocks a split of every sequence makes); query_rows: batch x heads x q_len.
+    An arch with a SPLIT_PARTIAL_COST: the least modelled cost (spec.py says how); else round half
+    up, at least 1, at most one split per 256 tokens and 64 in all."""
+    cost = SPLIT_PARTIAL_COST.get(arch or "", 0.0)
+    if not cost:
+        splits = max(1, int(target_blocks / blocks + 0.5))
+        return min(splits, max(1, kv_len // 256), 64)
+    best, best_cost, s = 1, None, 1
+    while s <= SPLIT_MAX and (s == 1 or kv_len // s >= SPLIT_MIN_TOKENS):
+        waves = -(-blocks * s // target_blocks)
+        tiles = -(-kv_len // (s * SPLIT_MIN_TOKENS))
+        c = waves * tiles + (s * query_rows * cost if s > 1 else 0.0)
+        if best_cost is None or c < best_cost - 1e-9:
+            best, best_cost = s, c
+        s *= 2
+    return best
 
 
 def params_for(arch: str, batch: int, kv_len: int, q_dtype: str, kv_dtype: str, tuning: dict, page_size: int = 0) -> dict:

@@ -47,6 +47,17 @@ def default_tiles(arch: str, kv_dtype: str) -> dict:
 TARGET_BLOCKS = {"sm90a": 132 * 2, "gfx950": 256 * 2, "gfx942": 304 * 2}
 NATIVE_FP8_TARGET_BLOCKS = 256  # gfx950 native fp8: one block (144 KB of LDS) on each of 256 CUs
 ROWS_BODY_TARGET_BLOCKS = TARGET_BLOCKS["sm90a"] // 2  # the rows body: one block an SM
+# The split rule per arch (catalog.heuristic_splits at generation, runtime.cpp generic_splits at run
+# time, from the generated registry): the cost of one query row's split partial (its 512 floats
+# written and merged), in units of one wave's walk over a 64-token tile. An arch with a cost takes
+# the split count of least modelled cost, waves x tiles a split + splits x query rows x cost, over
+# 1, 2, 4 .. SPLIT_MAX with at least SPLIT_MIN_TOKENS a split; one without keeps the round-half
+# rule (fill the target blocks, at least 256 tokens a split). sm90a: fitted to a sweep of forced
+# splits on the H200 (heads 16..128 x batch 1..64 x kv 1k / 8k, bf16 / fp8 q and KV, paged 64):
+# within 0.8% of the best split count measured there on the geomean, where the round-half rule was
+# 4.7% off (docs/perf.md, splits).
+SPLIT_PARTIAL_COST = {"sm90a": 0.0006}
+SPLIT_MAX, SPLIT_MIN_TOKENS = 32, 64
 Q_DTYPES = ("bf16", "fp8")
 KV_DTYPES = ("bf16", "fp8e4m3fn", "fp8e4m3fnuz", "mxfp4")
 

@@ -217,16 +217,37 @@ const KernelEntry* find_generic(int32_t q_dtype, int32_t kv_dtype, int32_t rows,
 }
 
 // Splits for a kernel that takes them at run time; e.target_blocks is the generated
-// resident-block count of its tiling (codegen/spec.py KernelSpec.target_blocks).
+// resident-block count of its tiling (codegen/spec.py KernelSpec.target_blocks). The rule is the
+// generator's (catalog.heuristic_splits), from the registry's kSplitRules for this build's arch:
+// with a partial cost, the least of waves x 64-token tiles a split + splits x query rows x cost over
+// 1, 2, 4 .. kSplitMax (at least kSplitMinTokens a split); without, round half up (at least 256
+// tokens a split, 64 splits at most). The tokens a sequence: kv_len when uniform; else, for a block
+// table, at most its width in pages (a cache is larger than its sequences), else the rows' average.
 int generic_splits(const mlagen_problem* p, const KernelEntry& e) {
   if (p->splits > 0) return p->splits;
-  const int64_t avg = p->total_kv / p->batch;
-  // Same rule as the generator's catalog.heuristic_splits(): round half up.
+  int64_t avg = p->kv_len > 0 ? p->kv_len : p->total_kv / p->batch;
+  if (p->kv_len <= 0 && p->page_size > 0 && p->page_table && !p->page_indptr)
+    avg = std::min<int64_t>(avg, static_cast<int64_t>(p->page_table_width) * p->page_size);
   // (a sequence's row groups are blocks too: 128 heads are 8 blocks of 16 rows a split)
   const int64_t blocks = static_cast<int64_t>(p->batch) * row_groups(p->num_heads, p->q_len) / (e.block_m / 16);
-  int s = static_cast<int>(static_cast<double>(e.target_blocks) / blocks + 0.5);
-  s = std::max(1, std::min<int>(s, static_cast<int>(std::max<int64_t>(1, avg / 256))));
-  return std::min(s, 64);
+  double cost = 0.0;
+  for (const SplitRule& r : kSplitRules)
+    if (!std::strcmp(r.arch, MLAGEN_BUILD_ARCH)) cost = r.partial_cost;
+  if (cost <= 0.0) {
+    int s = static_cast<int>(static_cast<double>(e.target_blocks) / blocks + 0.5);
+    s = std::max(1, std::min<int>(s, static_cast<int>(std::max<int64_t>(1, avg / 256))));
+    return std::min(s, 64);
+  }
+  const double rows = static_cast<double>(p->batch) * p->num_heads * p->q_len;
+  int best = 1;
+  double best_cost = 0.0;
+  for (int s = 1; s <= kSplitMax && (s == 1 || avg / s >= kSplitMinTokens); s *= 2) {
+    const int64_t waves = (blocks * s + e.target_blocks - 1) / e.target_blocks;
+    const int64_t tiles = (avg + static_cast<int64_t>(s) * kSplitMinTokens - 1) / (static_cast<int64_t>(s) * kSplitMinTokens);
+    const double c = static_cast<double>(waves * tiles) + (s > 1 ? s * rows * cost : 0.0);
+    if (s == 1 || c < best_cost - 1e-9) best = s, best_cost = c;
+  }
+  return best;
 }
 
 // Exact key, else the generic kernel of the dtypes; never a kernel of another key.

@@ -107,7 +107,8 @@ def test_duplicate_keys_are_an_error():
 def test_tuning_table_is_read():
     tuning = {"sm90a": {"qbf16_kvfp8e4m3fn": {"4x1024": {"splits": 2, "block_n": 64, "stages": 3}}}}
     specs = catalog.build_catalog(tuning=tuning, include_shapes_file=False)
-    s = next(s for s in specs if (s.arch, s.batch, s.kv_len) == ("sm90a", 4, 1024))
+    s = next(s for s in specs if (s.arch, s.batch, s.kv_len, s.q_dtype, s.kv_dtype, s.num_heads, s.page_size)
+             == ("sm90a", 4, 1024, "bf16", "fp8e4m3fn", 16, 0))
     assert (s.splits, s.block_n, s.stages) == (2, 64, 3)
 
 

@@ -351,7 +351,8 @@ def test_generic_rows_kernel_takes_rows_in_blocks_of_64_then_32(heads, q_len, bl
     if block_m:
         assert got["name"].endswith({64: "_bn64_st3_bm64", 32: "_bn64_bm32"}[block_m]), got["name"]
         blocks = 48 * heads * q_len // block_m
-        assert got["splits"] == catalog.heuristic_splits(spec_mod.ROWS_BODY_TARGET_BLOCKS, blocks, 2048)
+        assert got["splits"] == catalog.heuristic_splits(spec_mod.ROWS_BODY_TARGET_BLOCKS, blocks, 2048, "sm90a",
+                                                         48 * heads * q_len)
         for page, role in ((64, "generic_rows"), (256, "generic_rows"), (32, "generic"), (1, "generic")):
             width = 2048 // page
             paged = Problem.make(48, 2048, num_heads=heads, q_len=q_len, page_size=page, page_table=0x8000,
