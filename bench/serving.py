@@ -54,6 +54,7 @@ Exit status 0; 1 when an mlagen contender failed its check or raised somewhere; 
 from __future__ import annotations
 
 import argparse
+import gc
 import datetime
 import functools
 import json
@@ -631,9 +632,14 @@ def run_cell(run, cell: dict, data: dict, floors: dict, allowance_s: float) -> d
     reps = plan_reps(allowance_s, time.perf_counter() - t_cell, round_s, args.min_reps, args.reps)
     row["reps"] = reps
     times = {c: [] for c in live}
-    for _ in range(reps):
-        for c, fn in live.items():
-            times[c].append(timer.once(fn))
+    gc.collect()
+    gc.disable()  # a collection inside a timed call would be timed (outliers of hundreds of us)
+    try:
+        for _ in range(reps):
+            for c, fn in live.items():
+                times[c].append(timer.once(fn))
+    finally:
+        gc.enable()
     for c, t in times.items():
         row["contenders"][c].update(stats_of(t))
 
@@ -717,7 +723,7 @@ def parse_args(argv=None):
                         "when its share would not hold them (default 270)")
     p.add_argument("--reps", type=int, default=30, help="timed repetitions a cell, at most (default 30)")
     p.add_argument("--min-reps", type=int, default=10, help="timed repetitions a cell, at least (default 10)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed flushed rounds a cell (default 3)")
+    p.add_argument("--warmup", type=int, default=10, help="untimed flushed rounds a cell (default 10)")
     p.add_argument("--floor-reps", type=int, default=15, help="timed reads a floor config (default 15)")
     p.add_argument("--floor-configs", default=FLOOR_CONFIGS_ALL,
                    help="floor tile-read configs: 'all' (bench/floor.py's 6 x 2 cache operators) or "

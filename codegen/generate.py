@@ -12,7 +12,7 @@ import os
 
 import jinja2
 
-from .spec import ARCHS, NUM_HEADS, SPLIT_MAX, SPLIT_MIN_TOKENS, SPLIT_PARTIAL_COST, KernelSpec
+from .spec import ARCHS, NUM_HEADS, ROWS_BODY_MIN_WORK, SPLIT_MAX, SPLIT_MIN_TOKENS, SPLIT_PARTIAL_COST, KernelSpec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEMPLATES = os.path.join(ROOT, "templates")
@@ -86,7 +86,7 @@ def render(specs: list[KernelSpec]) -> dict[str, str]:
         specs=specs, banner=banner, fingerprint=fp, guards=REGISTRY_GUARD, dtype_enum=DTYPE_ENUM,
         num_heads=heads, num_heads_text=", ".join(heads[:-1]) + " or " + heads[-1],
         split_rules=[(a, repr(SPLIT_PARTIAL_COST.get(a, 0.0))) for a in sorted(ARCHS)], split_max=SPLIT_MAX,
-        split_min_tokens=SPLIT_MIN_TOKENS)
+        split_min_tokens=SPLIT_MIN_TOKENS, rows_body_min_work=ROWS_BODY_MIN_WORK)
     out["sources.cmake"] = env.get_template("sources.cmake.j2").render(
         specs=specs, banner=banner, fingerprint=fp, archs=sorted({s.arch for s in specs}))
     manifest = {"generated_by": BANNER, "fingerprint": fp, "kernels": [s.as_dict() for s in specs]}

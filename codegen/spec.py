@@ -58,6 +58,14 @@ ROWS_BODY_TARGET_BLOCKS = TARGET_BLOCKS["sm90a"] // 2  # the rows body: one bloc
 # 4.7% off (docs/perf.md, splits).
 SPLIT_PARTIAL_COST = {"sm90a": 0.0006}
 SPLIT_MAX, SPLIT_MIN_TOKENS = 32, 64
+# The generic rows body takes a problem only from this much work: batch x tokens a sequence x 16-row
+# groups a sequence. Below it the 16-row generic kernel is faster on the H200 (a sweep of fp8 caches,
+# paged 64, 32..128 heads x batch 1..64 x kv 1k / 8k, bf16 and fp8 q: 4..11 us faster at 64 and 128
+# heads up to 2^17; a tie at 2^18; the rows body 10..50% faster from 2^19): each block of the rows
+# body has few tiles to walk there, and its prologue and 64-row partials cost more than re-reading
+# the few KV tiles from L2 once per 16 rows (docs/perf.md, query rows). Specialized kernels
+# (shapes.txt) keep the catalog's choice.
+ROWS_BODY_MIN_WORK = 1 << 18
 Q_DTYPES = ("bf16", "fp8")
 KV_DTYPES = ("bf16", "fp8e4m3fn", "fp8e4m3fnuz", "mxfp4")
 

@@ -201,14 +201,15 @@ mlagen_status check_kv(const mlagen_problem* p, const KernelEntry& e) {
 // to back (contiguous, or pages of at least a tile: 64 rows), else role 1. (Smaller pages would
 // take the rows body's row-by-row copy every tile, which nothing has measured: they keep the
 // 16-row generic kernel, whose page ids are staged in shared memory a ring ahead and whose first ids load
-// beside q: docs/perf.md, paged KV.)
-const KernelEntry* find_generic(int32_t q_dtype, int32_t kv_dtype, int32_t rows, int32_t page_size) {
+// beside q: docs/perf.md, paged KV.) Small problems (work = batch x tokens a sequence x 16-row groups
+// under kRowsBodyMinWork, codegen/spec.py ROWS_BODY_MIN_WORK) keep the 16-row kernel: faster there.
+const KernelEntry* find_generic(int32_t q_dtype, int32_t kv_dtype, int32_t rows, int32_t page_size, int64_t work) {
   const KernelEntry* rows_body = nullptr;
   const KernelEntry* found = nullptr;
   for (size_t i = 0; i < num_entries(); ++i) {
     const KernelEntry& e = kKernelTable[i];
     if (e.q_dtype != q_dtype || e.kv_dtype != kv_dtype || std::strcmp(e.arch, MLAGEN_BUILD_ARCH)) continue;
-    if (e.role == 3 && rows % e.block_m == 0 && (page_size == 0 || page_size >= e.block_n) &&
+    if (e.role == 3 && rows % e.block_m == 0 && (page_size == 0 || page_size >= e.block_n) && work >= kRowsBodyMinWork &&
         (!rows_body || e.block_m > rows_body->block_m))
       rows_body = &e;
     if (e.role == 1 && !found) found = &e;
@@ -216,18 +217,24 @@ const KernelEntry* find_generic(int32_t q_dtype, int32_t kv_dtype, int32_t rows,
   return rows_body ? rows_body : found;
 }
 
+// The tokens a sequence, as the plan sees them: kv_len when uniform; else, for a block table, at most
+// its width in pages (a cache is larger than its sequences), else the rows' average.
+int64_t seq_tokens(const mlagen_problem* p) {
+  int64_t avg = p->kv_len > 0 ? p->kv_len : p->total_kv / p->batch;
+  if (p->kv_len <= 0 && p->page_size > 0 && p->page_table && !p->page_indptr)
+    avg = std::min<int64_t>(avg, static_cast<int64_t>(p->page_table_width) * p->page_size);
+  return avg;
+}
+
 // Splits for a kernel that takes them at run time; e.target_blocks is the generated
 // resident-block count of its tiling (codegen/spec.py KernelSpec.target_blocks). The rule is the
 // generator's (catalog.heuristic_splits), from the registry's kSplitRules for this build's arch:
 // with a partial cost, the least of waves x 64-token tiles a split + splits x query rows x cost over
 // 1, 2, 4 .. kSplitMax (at least kSplitMinTokens a split); without, round half up (at least 256
-// tokens a split, 64 splits at most). The tokens a sequence: kv_len when uniform; else, for a block
-// table, at most its width in pages (a cache is larger than its sequences), else the rows' average.
+// tokens a split, 64 splits at most); the tokens a sequence are seq_tokens().
 int generic_splits(const mlagen_problem* p, const KernelEntry& e) {
   if (p->splits > 0) return p->splits;
-  int64_t avg = p->kv_len > 0 ? p->kv_len : p->total_kv / p->batch;
-  if (p->kv_len <= 0 && p->page_size > 0 && p->page_table && !p->page_indptr)
-    avg = std::min<int64_t>(avg, static_cast<int64_t>(p->page_table_width) * p->page_size);
+  const int64_t avg = seq_tokens(p);
   // (a sequence's row groups are blocks too: 128 heads are 8 blocks of 16 rows a split)
   const int64_t blocks = static_cast<int64_t>(p->batch) * row_groups(p->num_heads, p->q_len) / (e.block_m / 16);
   double cost = 0.0;
@@ -295,7 +302,8 @@ mlagen_status choose_entry(const mlagen_problem* p, const KernelEntry** entry, i
       }
     }
   }
-  const KernelEntry* g = find_generic(p->q_dtype, p->kv_dtype, p->num_heads * p->q_len, p->page_size);
+  const KernelEntry* g = find_generic(p->q_dtype, p->kv_dtype, p->num_heads * p->q_len, p->page_size,
+                                      static_cast<int64_t>(p->batch) * seq_tokens(p) * row_groups(p->num_heads, p->q_len));
   if (!g)
     return fail(MLAGEN_ERR_UNSUPPORTED,
                 "no kernel for key {arch=%s, batch=%d, kv_len=%d, q_dtype=%s, kv_dtype=%s, num_heads=%d, q_len=%d} "

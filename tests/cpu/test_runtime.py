@@ -345,22 +345,39 @@ def test_generic_rows_kernel_takes_rows_in_blocks_of_64_then_32(heads, q_len, bl
     """Without a specialization, heads x q_len a multiple of 64 on contiguous fp8 KV takes the
     generic 64-row rows-body kernel (role 3, block_m 64), a multiple of 32 the 32-row one, with
     splits by their blocks, on pages of 64 rows and more too; every other problem, and smaller
-    pages, the generic kernel."""
-    got = _lib.select(Problem.make(48, 2048, num_heads=heads, q_len=q_len))
+    pages, the generic kernel. (48 sequences of 8192: enough work for the rows body, spec.py
+    ROWS_BODY_MIN_WORK.)"""
+    got = _lib.select(Problem.make(48, 8192, num_heads=heads, q_len=q_len))
     assert got["generic"] and got["role"] == ("generic_rows" if block_m else "generic"), got
     if block_m:
         assert got["name"].endswith({64: "_bn64_st3_bm64", 32: "_bn64_bm32"}[block_m]), got["name"]
         blocks = 48 * heads * q_len // block_m
-        assert got["splits"] == catalog.heuristic_splits(spec_mod.ROWS_BODY_TARGET_BLOCKS, blocks, 2048, "sm90a",
+        assert got["splits"] == catalog.heuristic_splits(spec_mod.ROWS_BODY_TARGET_BLOCKS, blocks, 8192, "sm90a",
                                                          48 * heads * q_len)
         for page, role in ((64, "generic_rows"), (256, "generic_rows"), (32, "generic"), (1, "generic")):
-            width = 2048 // page
-            paged = Problem.make(48, 2048, num_heads=heads, q_len=q_len, page_size=page, page_table=0x8000,
+            width = 8192 // page
+            paged = Problem.make(48, 8192, num_heads=heads, q_len=q_len, page_size=page, page_table=0x8000,
                                  page_table_width=width, page_table_stride=width, page_table_len=48 * width,
                                  kv_lens=0x9000, kv_indptr=None)
             assert _lib.select(paged)["role"] == role, (page, _lib.select(paged))
         with pytest.raises(_lib.MlagenError, match=f"num_heads x q_len a multiple of {block_m}"):
-            _lib.select(Problem.make(48, 2048, num_heads=16, q_len=1, kernel_name=got["name"].encode()))
+            _lib.select(Problem.make(48, 8192, num_heads=16, q_len=1, kernel_name=got["name"].encode()))
+
+
+@pytest.mark.parametrize("batch,kv_len,heads,rows_body", [(1, 1024, 128, False), (16, 1024, 128, False),
+                                                         (4, 8192, 64, False), (64, 1024, 128, True),
+                                                         (4, 8192, 128, True), (16, 8192, 32, True)])
+def test_small_problems_keep_the_16_row_kernel(batch, kv_len, heads, rows_body):
+    """Below ROWS_BODY_MIN_WORK (batch x tokens x 16-row groups) the 16-row generic kernel serves
+    rows-body head counts (faster there on the H200); from it on, the rows body; paged alike."""
+    work = batch * kv_len * heads // 16
+    assert (work >= spec_mod.ROWS_BODY_MIN_WORK) == rows_body
+    want = "generic_rows" if rows_body else "generic"
+    assert _lib.select(Problem.make(batch, kv_len, num_heads=heads))["role"] == want
+    width = kv_len // 64
+    paged = Problem.make(batch, kv_len, num_heads=heads, page_size=64, page_table=0x8000, page_table_width=width,
+                         page_table_stride=width, page_table_len=batch * width, kv_lens=0x9000, kv_indptr=None)
+    assert _lib.select(paged)["role"] == want
 
 
 def test_generic_splits_count_row_groups():
