@@ -18,3 +18,11 @@ def handle(device_index: int) -> int:
         handle = fast  # rebind: later calls go straight to torch's accessor
         return fast(device_index)
     return torch.cuda.current_stream(device_index).cuda_stream
+
+
+def capturing(device_index: int) -> bool:
+    """Whether torch's current stream on `device_index` is capturing a CUDA graph (work issued
+    now only runs when the graph is replayed)."""
+    import torch
+    with torch.cuda.device(device_index):
+        return torch.cuda.is_current_stream_capturing()
