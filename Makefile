@@ -10,7 +10,7 @@ JOBS ?= $(shell nproc)
 export MLAGEN_LIBRARY ?= $(abspath $(BUILD)/libmlagen.so)
 export PYTHONPATH := $(abspath runtime/python):$(abspath .):$(PYTHONPATH)
 
-.PHONY: amd-device-cc setup gpu-check tune all generate check-generated list build test test-installed test-cpu test-gpu bench sanitize clean bundle bundle-local leaderboard-test leaderboard-bench check-amd check-sm90 lib-amd
+.PHONY: amd-device-cc setup gpu-check tune all generate check-generated list build test test-installed test-vllm venv-vllm test-cpu test-gpu bench sanitize clean bundle bundle-local leaderboard-test leaderboard-bench check-amd check-sm90 lib-amd
 
 all: build
 
@@ -45,6 +45,25 @@ test: build
 # interpreter it was installed for (CI: a fresh virtual environment)
 test-installed:
 	env -u MLAGEN_LIBRARY PYTHONPATH=$(abspath .) MLAGEN_TEST_INSTALLED=1 $(PYTHON) -m pytest -q tests
+
+# The vLLM plugin (mlagen.integrations.vllm) against the real vLLM, CPU only: its own virtual
+# environment (kept, reused while its vLLM imports), `pip install -e .[vllm]` with the CMake
+# step skipped (wheel.cmake=false: the extra and the entry point come from pyproject.toml through
+# pip, the code from runtime/python; the library is MLAGEN_LIBRARY's), then the tests, which fail
+# rather than skip without vLLM (MLAGEN_REQUIRE_VLLM=1). vLLM pins torch (0.33: 2.14, CUDA wheels
+# from PyPI, ~5 GB); the kernels never run here, the GPU half is tests/gpu/test_serving.py.
+VLLM_VENV ?= build/venv-vllm
+VLLM_PIP = $(VLLM_VENV)/bin/pip --disable-pip-version-check
+venv-vllm:
+	@if ! $(VLLM_VENV)/bin/python -c 'import vllm, pytest' 2>/dev/null; then \
+	  set -e; rm -rf $(VLLM_VENV); python3 -m venv $(VLLM_VENV); \
+	  $(VLLM_PIP) install -q -U pip; \
+	  $(VLLM_PIP) install -q -e '.[vllm]' pytest -C wheel.cmake=false; \
+	else $(VLLM_PIP) install -q --no-deps -e . -C wheel.cmake=false; fi
+	@$(VLLM_VENV)/bin/python -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)'
+
+test-vllm: venv-vllm
+	MLAGEN_REQUIRE_VLLM=1 $(VLLM_VENV)/bin/python -m pytest -q tests/cpu/test_vllm_plugin.py tests/cpu/test_serving.py
 
 # tests/cpu: no GPU needed; tests/gpu: every test gpu-marked (tests/conftest.py), skipped with the reason without one
 test-cpu: build
