@@ -104,7 +104,7 @@ amd-device-cc:
 define slim_cmake
 	cmake -S . -B $(call SLIM,$(1)) -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLAGEN_ARCH=$(1) \
 	  -DMLAGEN_GEN_DIR=$(abspath $(call SLIM,$(1)))/generated -DMLAGEN_GEN_ARGS="$(call SLIM_GEN_ARGS,$(1))" \
-	  -DMLAGEN_LINEINFO=OFF -DMLAGEN_STRIP=ON $(if $(filter gfx%,$(1)),$(if $(HIP_CLANG_ROUTE),-DMLAGEN_HIP_CLANG=$(HIP_CLANG_ROUTE)))
+	  -DMLAGEN_LINEINFO=OFF -DMLAGEN_STRIP=ON -DMLAGEN_TORCH_OP=OFF $(if $(filter gfx%,$(1)),$(if $(HIP_CLANG_ROUTE),-DMLAGEN_HIP_CLANG=$(HIP_CLANG_ROUTE)))
 	cmake --build $(call SLIM,$(1)) -j $(JOBS)
 endef
 

@@ -15,6 +15,8 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
+from .facts import MAX_Q_LEN, MAX_SPLITS, NUM_HEADS, PAGE_SIZES, QK_DIM, V_DIM  # noqa: F401 (re-exported)
+
 PREFIX = "mla_decode"
 
 # arch -> (vendor, lanes per warp/wavefront, fp8 flavour the arch's hardware decodes)
@@ -79,11 +81,10 @@ IMPLEMENTED = {
 
 ANY = 0  # batch / kv_len / splits of the generic kernel: sizes come at run time
 
-DEFAULTS = dict(num_heads=16, q_len=1, qk_dim=576, v_dim=512, block_n=32, stages=4, block_m=16, page_size=0)
+DEFAULTS = dict(num_heads=16, q_len=1, qk_dim=QK_DIM, v_dim=V_DIM, block_n=32, stages=4, block_m=16, page_size=0)
 # optional tags, in name order: tag -> field
 OPTIONAL_TAGS = (("h", "num_heads"), ("ql", "q_len"), ("dk", "qk_dim"), ("dv", "v_dim"),
                  ("bn", "block_n"), ("st", "stages"), ("bm", "block_m"), ("pg", "page_size"))
-NUM_HEADS = (8, 16, 32, 64, 128)  # what the kernels take (shapes.cuh QueryRows: rows in blocks of 16)
 ROWS_A_BLOCK = 16  # query rows a row group (shapes.cuh QueryRows::kRows): the block of every body but the rows one
 # block_m 32 / 64: the sm90a rows body (runtime/include/mlagen/device/mla_decode_sm90_rows.cuh),
 # three warpgroups (S, and O by halves) over 32 or 64 query rows, fp8 KV in tiles of 64, one block an SM
@@ -118,7 +119,6 @@ def rows_body_tiles(arch: str, q_dtype: str, kv_dtype: str, rows: int | None = N
 def row_groups(num_heads: int, q_len: int) -> int:
     """Blocks of ROWS_A_BLOCK query rows a sequence (runtime/include/mlagen/internal.h row_groups)."""
     return -(-num_heads * q_len // ROWS_A_BLOCK)
-PAGE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # what the kernels read (kv_rows.cuh)
 # KV row bytes, the unit of kv_stride_token in bytes, and the scale kind (0 none, 1 one float32,
 # 2 E8M0 rows): what the runtime checks a problem's KV against (registry rows carry them)
 KV_LAYOUT = {"bf16": (1152, 2, 0), "fp8e4m3fn": (576, 1, 1), "fp8e4m3fnuz": (576, 1, 1), "mxfp4": (288, 1, 2)}
@@ -138,8 +138,8 @@ class KernelSpec:
     kv_dtype: str = "fp8e4m3fn"
     num_heads: int = 16
     q_len: int = 1
-    qk_dim: int = 576
-    v_dim: int = 512
+    qk_dim: int = QK_DIM
+    v_dim: int = V_DIM
     block_n: int = 32   # KV tokens per pipeline tile
     stages: int = 4     # tiles in flight (cp.async ring depth)
     block_m: int = 16   # query rows a block: 16 (a row group), or 32 / 64 (the sm90a rows body)
@@ -328,12 +328,12 @@ class KernelSpec:
                 bad(f, "a positive integer (or 0 = any)")
         if self.num_heads not in NUM_HEADS:
             bad("num_heads", f"one of {NUM_HEADS} (query heads: 128 over TP 1..16)")
-        if not 1 <= self.q_len <= 4:
-            bad("q_len", "1..4 (query tokens a sequence)")
+        if not 1 <= self.q_len <= MAX_Q_LEN:
+            bad("q_len", f"1..{MAX_Q_LEN} (query tokens a sequence)")
         if self.generic and (self.num_heads, self.q_len) != (16, 1):
             bad("num_heads", "16 with q_len 1 for the generic kernel (it reads heads and q_len at run time)")
-        if (self.qk_dim, self.v_dim) != (576, 512):
-            bad("qk_dim", "576 with v_dim 512 (DeepSeek MLA latent + rope)")
+        if (self.qk_dim, self.v_dim) != (QK_DIM, V_DIM):
+            bad("qk_dim", f"{QK_DIM} with v_dim {V_DIM} (DeepSeek MLA latent + rope)")
         if self.page_size and self.page_size not in PAGE_SIZES:
             bad("page_size", f"0 (contiguous rows) or one of {PAGE_SIZES}")
         if self.page_size and self.generic:
@@ -369,8 +369,8 @@ class KernelSpec:
             tiles = -(-self.kv_len // self.block_n)
             if self.splits > max(1, tiles):
                 bad("splits", f"at most {max(1, tiles)} (kv_len {self.kv_len} is {tiles} tiles of {self.block_n})")
-            if self.splits > 64:
-                bad("splits", "at most 64")
+            if self.splits > MAX_SPLITS:
+                bad("splits", f"at most {MAX_SPLITS}")
 
     def replace(self, **kw) -> "KernelSpec":
         return dataclasses.replace(self, **kw)

@@ -12,6 +12,7 @@
 #include "launch.h"
 #include "mlagen/internal.h"
 
+#include "facts.inc"     // generated: the problem facts (codegen/facts.py)
 #include "registry.inc"  // generated: kKernelTable, MLAGEN_FINGERPRINT
 
 #ifndef MLAGEN_BUILD_ARCH
@@ -24,14 +25,8 @@ namespace {
 thread_local char g_error[1024] = "";
 
 const char* dtype_name(int32_t d) {
-  switch (d) {
-    case MLAGEN_DTYPE_BF16: return "bf16";
-    case MLAGEN_DTYPE_FP8E4M3FN: return "fp8e4m3fn";
-    case MLAGEN_DTYPE_FP8E4M3FNUZ: return "fp8e4m3fnuz";
-    case MLAGEN_DTYPE_MXFP4: return "mxfp4";
-    case MLAGEN_DTYPE_FP8: return "fp8";
-    default: return "unknown";
-  }
+  static const char* const kNames[] = MLAGEN_DTYPE_NAMES;
+  return d >= 1 && d <= MLAGEN_NUM_DTYPES ? kNames[d] : kNames[0];
 }
 
 size_t num_entries() { return sizeof(kKernelTable) / sizeof(kKernelTable[0]) - 1; }  // minus sentinel
@@ -47,17 +42,22 @@ mlagen_status validate(const mlagen_problem* p) {
   do {                           \
     if (!(cond)) return fail(MLAGEN_ERR_INVALID, __VA_ARGS__); \
   } while (0)
-  MLAGEN_EXPECT(p->batch >= 1 && p->batch <= 65535, "batch=%d: expected 1..65535 (a grid dimension)", p->batch);
+  MLAGEN_EXPECT(p->batch >= 1 && p->batch <= MLAGEN_MAX_BATCH, "batch=%d: expected 1..%d (a grid dimension)", p->batch,
+                MLAGEN_MAX_BATCH);
   MLAGEN_EXPECT(p->device >= -1, "device=%d: expected a device index, or -1 for the current device", p->device);
+  static constexpr int kNumHeads[] = {MLAGEN_NUM_HEADS_LIST};
   bool heads_taken = false;
   for (int h : kNumHeads) heads_taken |= p->num_heads == h;
   MLAGEN_EXPECT(heads_taken, "num_heads=%d: expected " MLAGEN_NUM_HEADS_TEXT " (DeepSeek MLA's 128 heads over TP 16..1)",
                 p->num_heads);
-  MLAGEN_EXPECT(p->num_kv_heads == 1, "num_kv_heads=%d: expected 1 (MQA over the shared latent)", p->num_kv_heads);
-  MLAGEN_EXPECT(p->q_len >= 1 && p->q_len <= 4,
-                "q_len=%d: expected 1..4 (query tokens a sequence: decode, or MTP / speculative verification)", p->q_len);
-  MLAGEN_EXPECT(p->qk_dim == 576, "qk_dim=%d: expected 576 (512 latent + 64 rope)", p->qk_dim);
-  MLAGEN_EXPECT(p->v_dim == 512, "v_dim=%d: expected 512", p->v_dim);
+  MLAGEN_EXPECT(p->num_kv_heads == MLAGEN_NUM_KV_HEADS, "num_kv_heads=%d: expected %d (MQA over the shared latent)",
+                p->num_kv_heads, MLAGEN_NUM_KV_HEADS);
+  MLAGEN_EXPECT(p->q_len >= 1 && p->q_len <= MLAGEN_MAX_Q_LEN,
+                "q_len=%d: expected 1..%d (query tokens a sequence: decode, or MTP / speculative verification)", p->q_len,
+                MLAGEN_MAX_Q_LEN);
+  MLAGEN_EXPECT(p->qk_dim == MLAGEN_QK_DIM, "qk_dim=%d: expected %d (%d latent + %d rope)", p->qk_dim, MLAGEN_QK_DIM,
+                MLAGEN_V_DIM, MLAGEN_QK_DIM - MLAGEN_V_DIM);
+  MLAGEN_EXPECT(p->v_dim == MLAGEN_V_DIM, "v_dim=%d: expected %d", p->v_dim, MLAGEN_V_DIM);
   MLAGEN_EXPECT(p->total_q >= p->batch && p->total_q <= static_cast<int64_t>(p->batch) * p->q_len,
                 "total_q=%lld: expected batch..batch*q_len = %d..%lld (q_len: the most query tokens a sequence; "
                 "batch*q_len when every sequence has q_len)", (long long)p->total_q, p->batch,
@@ -75,7 +75,8 @@ mlagen_status validate(const mlagen_problem* p) {
                   (long long)p->batch * p->kv_len, p->kv_len);
   MLAGEN_EXPECT(std::isfinite(p->sm_scale) && p->sm_scale > 0.f, "sm_scale=%g: expected a finite value > 0",
                 p->sm_scale);
-  MLAGEN_EXPECT(p->splits >= 0 && p->splits <= 64, "splits=%d: expected 0 (auto) or 1..64", p->splits);
+  MLAGEN_EXPECT(p->splits >= 0 && p->splits <= MLAGEN_MAX_SPLITS, "splits=%d: expected 0 (auto) or 1..%d", p->splits,
+                MLAGEN_MAX_SPLITS);
   MLAGEN_EXPECT(p->q_dtype == MLAGEN_DTYPE_BF16 || p->q_dtype == MLAGEN_DTYPE_FP8,
                 "q_dtype=%d (%s): expected bf16 (%d) or fp8 (%d)", p->q_dtype, dtype_name(p->q_dtype),
                 MLAGEN_DTYPE_BF16, MLAGEN_DTYPE_FP8);
@@ -100,8 +101,8 @@ mlagen_status validate(const mlagen_problem* p) {
                   "page_table / kv_lens / page_indptr / last_page_len: given with page_size=0 (contiguous rows); "
                   "expected NULL, or page_size = the cache's page size");
   } else {
-    MLAGEN_EXPECT(p->page_size >= 1 && p->page_size <= 256 && (p->page_size & (p->page_size - 1)) == 0,
-                  "page_size=%d: expected a power of two 1..256 (or 0: contiguous rows)", p->page_size);
+    MLAGEN_EXPECT(p->page_size >= 1 && p->page_size <= MLAGEN_MAX_PAGE_SIZE && (p->page_size & (p->page_size - 1)) == 0,
+                  "page_size=%d: expected a power of two 1..%d (or 0: contiguous rows)", p->page_size, MLAGEN_MAX_PAGE_SIZE);
     MLAGEN_EXPECT(p->page_table, "page_table: NULL pointer (page_size=%d: the block table or kv_indices)", p->page_size);
     MLAGEN_EXPECT(aligned(p->page_table, 4), "page_table: address %p not 4-byte aligned (int32)", p->page_table);
     MLAGEN_EXPECT(p->page_table_len >= 1 && p->page_table_len < (int64_t{1} << 31),
@@ -159,7 +160,7 @@ mlagen_status validate(const mlagen_problem* p) {
                 (long long)p->kv_stride_token, (long long)(int64_t{1} << 24));
   MLAGEN_EXPECT(aligned(p->out, 16), "out: address %p not 16-byte aligned", p->out);
   MLAGEN_EXPECT(p->out_stride_head >= p->v_dim && p->out_stride_head % 8 == 0,
-                "out_stride_head=%lld: expected a multiple of 8 that is >= 512", (long long)p->out_stride_head);
+                "out_stride_head=%lld: expected a multiple of 8 that is >= %d", (long long)p->out_stride_head, MLAGEN_V_DIM);
   MLAGEN_EXPECT(p->out_stride_token % 8 == 0 &&
                     (p->out_stride_token >= p->out_stride_head * p->num_heads ||
                      (p->out_stride_token >= p->v_dim && p->out_stride_head >= p->out_stride_token * p->total_q)),

@@ -120,8 +120,8 @@ def test_workspace_size_exact_values(L):
 
 
 def test_head_counts_are_the_specs_everywhere(L):
-    """codegen/spec.py NUM_HEADS is the one list: the library's validation (generated into
-    registry.inc) takes exactly those head counts, and the binding states the same."""
+    """codegen/facts.py NUM_HEADS is the one list: the library's validation (generated into
+    facts.inc) takes exactly those head counts, and the binding states the same."""
     import mlagen
     assert tuple(mlagen.NUM_HEADS) == spec_mod.NUM_HEADS
     for heads in range(1, 257):

@@ -187,3 +187,153 @@ def test_lse_op_rows_under_compile_and_in_a_graph():
     want_o, want_l = torch.ops.mlagen.decode_lse(*args)
     torch.cuda.synchronize()
     assert torch.equal(o, want_o) and torch.equal(l, want_l), f"seed {seed}: replay differs from an eager call"
+
+
+# ---- the C++ operators (runtime/torch/ops.cpp) against the ctypes path ------------------------------
+
+def test_the_cpp_operators_serve_here():
+    """The GPU machine builds libmlagen_torch.so against its torch (make build): decode() and
+    torch.ops.mlagen.* run through it, not the Python registration."""
+    from mlagen import ops
+    assert ops.REGISTRATION == "native", f"the Python registration serves: {ops.native_path()} (see the warning)"
+    assert mlagen._native is not None
+
+
+def _paths_case(case, seed):
+    """(decode's positional args, its keyword args) for one kind of input."""
+    inp = make_inputs([1024] * 4 if case != "nonuniform" else [300, 1024, 7, 2000], seed)
+    kv_data = {"fp8": (inp["kv_fp8"], inp["kv_scale"]), "bf16": inp["kv_bf16"]}
+    args = (inp["q"], kv_data, inp["qo_indptr"], inp["kv_indptr"], inp["config"])
+    if case == "bf16":
+        return args, dict(kv_format="bf16")
+    if case == "mxfp4":
+        kv_data["mxfp4"] = quant.quantize_mxfp4(inp["kv_bf16"], pad_scales=True)
+        return args, dict(kv_format="mxfp4")
+    if case == "q8":
+        return args, dict(q_dtype="fp8")
+    if case == "q8s":
+        q8, qs = quant.quantize_q_fp8(inp["q"])
+        return (q8,) + args[1:], dict(q_dtype="fp8", q_scale=qs)
+    if case == "lse":
+        return args, dict(return_lse=True)
+    if case in ("table", "indices"):
+        pages = 4 * 1024 // 64
+        order = torch.randperm(pages, device="cuda")
+        cache = torch.empty((pages, 64, 1, 576), dtype=torch.uint8, device="cuda")
+        cache[order] = inp["kv_fp8"].view(torch.uint8).view(pages, 64, 1, 576)
+        paged = {"fp8": (cache.view(torch.float8_e4m3fn), inp["kv_scale"])}
+        table = order.view(4, -1).to(torch.int32)
+        if case == "table":
+            return (inp["q"], paged, inp["qo_indptr"], None, inp["config"]), dict(
+                page_table=table, kv_lens=torch.full((4,), 1024, dtype=torch.int32, device="cuda"), page_size=64,
+                return_lse=True)
+        ip = torch.arange(0, 5 * table.shape[1], table.shape[1], dtype=torch.int32, device="cuda")
+        return (inp["q"], paged, inp["qo_indptr"], ip, inp["config"]), dict(
+            kv_indices=table.reshape(-1).contiguous(), page_size=64,
+            kv_last_page_len=torch.full((4,), 64, dtype=torch.int32, device="cuda"))
+    return args, {}
+
+
+@pytest.mark.parametrize("case", ["fp8", "bf16", "mxfp4", "q8", "q8s", "nonuniform", "lse", "table", "indices"])
+def test_cpp_and_ctypes_paths_give_the_same_output(case):
+    """decode()'s common case goes through the C++ operator; out= takes the ctypes path (prepare,
+    Plan.run): the two map the tensors onto the same problem, so the same kernel and bits."""
+    seed = fresh_seed()
+    args, kw = _paths_case(case, seed)
+    got = mlagen.decode(*args, **kw)
+    cpp_kernel = mlagen.last_kernel()
+    q = args[0]
+    buf = torch.full((q.shape[0], q.shape[1], 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    want = mlagen.decode(*args, out=buf, **kw)
+    torch.cuda.synchronize()
+    assert mlagen.last_kernel() == cpp_kernel, f"seed {seed}: the two paths chose different kernels"
+    if kw.get("return_lse"):
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), f"seed {seed}: {case} differs"
+    else:
+        assert torch.equal(got, want), f"seed {seed}: {case} differs"
+    mlagen.check_device_errors()
+
+
+def _field(e):
+    """The field an error names: its text after an optional status prefix, up to ':' or '='."""
+    text = str(e)
+    if text.startswith("MLAGEN_ERR_"):
+        text = text.split(": ", 1)[1]
+    return text.replace("=", ":").split(":", 1)[0]
+
+
+def test_cpp_and_ctypes_paths_name_the_same_field():
+    """Each input the binding refuses, refused by both paths naming the same field."""
+    inp = make_inputs([512] * 4, fresh_seed())
+    q, kv8, scale, qo, kvp, cfg = (inp["q"], inp["kv_fp8"], inp["kv_scale"], inp["qo_indptr"], inp["kv_indptr"],
+                                   inp["config"])
+    cases = [
+        ("q", dict(q=q.float())),
+        ("q", dict(q=q.reshape(4, 16 * 576))),
+        ("num_heads", dict(q=q[:, :12], cfg=dict(cfg, num_heads=12))),
+        ("kv", dict(kv=kv8.view(torch.uint8))),
+        ("kv", dict(kv=kv8[:, :, :512])),
+        ("kv_scale", dict(scale=scale.double())),
+        ("kv_scale", dict(scale=scale.cpu())),
+        ("qo_indptr", dict(qo=qo.long())),
+        ("qo_indptr", dict(qo=qo.cpu())),
+        ("kv_indptr", dict(kvp=torch.stack([kvp, kvp], 1).reshape(-1)[::2])),
+        ("q_len", dict(kw=dict(q_len=5))),
+        ("q_scale", dict(kw=dict(q_dtype="fp8", q_scale=scale))),
+        ("page_size", dict(kw=dict(page_size=12, page_table=torch.zeros((4, 40), dtype=torch.int32, device="cuda"),
+                                   kv_lens=torch.full((4,), 512, dtype=torch.int32, device="cuda")))),
+        ("page_table", dict(kw=dict(page_size=16, page_table=torch.zeros((4, 40), dtype=torch.int64, device="cuda"),
+                                    kv_lens=torch.full((4,), 512, dtype=torch.int32, device="cuda")))),
+        ("sm_scale", dict(cfg=dict(cfg, sm_scale=-1.0))),
+    ]
+    for field, ch in cases:
+        a = dict(q=q, kv=kv8, scale=scale, qo=qo, kvp=kvp, cfg=cfg, kw={})
+        a.update(ch)
+        errors = []
+        for out in (None, torch.empty((a["q"].shape[0], 16, 512), dtype=torch.bfloat16, device="cuda")):
+            with pytest.raises(mlagen.MlagenError) as e:
+                mlagen.decode(a["q"], {"fp8": (a["kv"], a["scale"])}, a["qo"], a["kvp"], a["cfg"], out=out, **a["kw"])
+            errors.append(e.value)
+        assert [_field(x) for x in errors] == [field, field], f"{field}: {errors}"
+    with pytest.raises(RuntimeError, match="MLAGEN_ERR_INVALID: kv_scale: "):  # the operator's own error
+        torch.ops.mlagen.decode(q, kv8, scale.double(), qo, kvp, "fp8", "bf16", 512, SM)
+
+
+def test_op_scratch_first_made_inside_a_capture():
+    """A queue's first call inside a CUDA graph capture gets scratch of its own (zeroed by the
+    replays); an eager call on that queue afterwards gets its own too, and both give the eager
+    answer (a split shape: the split partials and counters live in the scratch)."""
+    seed, args = _args("fp8", batch=4, kv_len=8192)
+    want = torch.ops.mlagen.decode(*args)  # the plan, on the current queue
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        out = torch.ops.mlagen.decode(*args)  # the side queue's first use: inside the capture
+    assert mlagen.last_kernel()["splits"] > 1
+    for _ in range(3):
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want), f"seed {seed}: replay differs"
+    with torch.cuda.stream(side):
+        eager = [torch.ops.mlagen.decode(*args) for _ in range(3)]
+    torch.cuda.synchronize()
+    assert all(torch.equal(e, want) for e in eager), f"seed {seed}: an eager call on the captured queue differs"
+    mlagen.check_device_errors()
+
+
+def test_op_device_errors_and_last_kernel():
+    """A kernel's input flags are read from the C++ plans' scratch too; last_kernel() names what
+    torch.ops.mlagen.decode ran."""
+    inp = make_inputs([1024] * 4, fresh_seed())
+    bad = inp["kv_indptr"].clone()
+    bad[2] += 5  # sums to 4 * 1024 but sequences 1 and 2 are not 1024 long
+    out = torch.ops.mlagen.decode(inp["q"], inp["kv_fp8"], inp["kv_scale"], inp["qo_indptr"], bad, "fp8", "bf16",
+                                  1024, SM)
+    assert not mlagen.last_kernel()["generic"] and mlagen.last_kernel()["batch"] == 4
+    torch.cuda.synchronize()
+    assert torch.isnan(out[1].float()).all()
+    with pytest.raises(mlagen.MlagenError, match="kv_indptr disagrees"):
+        mlagen.check_device_errors()
+    mlagen.check_device_errors()  # cleared

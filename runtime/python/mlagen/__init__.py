@@ -2,13 +2,19 @@
 
     import mlagen
     out = mlagen.decode(q, kv_data, qo_indptr, kv_indptr, config)   # the leaderboard tuple
+    out = torch.ops.mlagen.decode(q, kv, kv_scale, qo_indptr, kv_indptr, "fp8", "bf16", kv_len, sm_scale)
 
-The first call for a shape validates it through the runtime and caches a plan; later calls
-with the same metadata pass pointers only. Nothing is allocated per call but the output (a
-plan's scratch is its own, one buffer per launch target, made once), and nothing
-synchronizes with the host. Where the launches go is `_launch.handle`'s answer (see that
-module). Device-side input checks (indptr contents) are read with `check_device_errors()`,
-which synchronizes.
+`import mlagen` registers the torch operators when torch is installed (mlagen.ops says how); the
+library and its C ABI need no torch, and the library itself is loaded at the first call. The first
+call for a layout maps the tensors onto the library's problem and makes its plan (the library
+validates it: one validation, in C); later calls with the same metadata pass pointers only.
+Where the torch operators are the C++ ones (libmlagen_torch.so), decode() is a thin wrapper over
+them: the plan cache, the output allocation and the launch are C++; otherwise (and for the
+options out / force_generic / splits / kernel, and prepare() / Plan.run) the same happens here
+through ctypes. Nothing is allocated per call but the outputs (a plan's scratch is its own, one
+buffer per launch target, made once), and nothing synchronizes with the host. Where the launches
+go is `_launch.handle`'s answer (see that module). Device-side input checks (indptr contents)
+are read with `check_device_errors()`, which synchronizes.
 """
 from __future__ import annotations
 
@@ -16,20 +22,18 @@ import ctypes
 import operator
 import threading
 
-from . import _launch, _lib
+from . import _facts, _launch, _lib
+from ._facts import MAX_Q_LEN, NUM_HEADS, QK_DIM, V_DIM
 from ._lib import (DTYPE, KernelInfo, MlagenError, Problem, fingerprint, kernels, lib,  # noqa: F401
                    library_path, raise_for, select)
 
 __all__ = ["decode", "leaderboard_entry", "prepare", "resolve_format", "KV_FORMATS", "FASTEST_ORDER", "check_device_errors", "kernels", "select", "fingerprint", "MlagenError",
-           "Problem", "library_path", "last_kernel"]
+           "Problem", "library_path", "last_kernel", "NUM_HEADS", "MAX_Q_LEN"]
 
-_QK, _DV = 576, 512
-NUM_HEADS = (8, 16, 32, 64, 128)  # query heads the kernels take (DeepSeek's 128 over TP 1..16)
-MAX_Q_LEN = 4                     # query tokens a sequence (decode, MTP / speculative verification)
 # The leaderboard config's fields with the one value the kernels implement (any other value is
 # an error naming the field; batch_size, kv_seq_len, sm_scale, num_heads and q_seq_len are read).
-_CONFIG_FIXED = {"num_kv_heads": 1, "qk_head_dim": _QK, "kv_lora_rank": 512,
-                 "qk_rope_head_dim": 64, "v_head_dim": _DV}
+_CONFIG_FIXED = {"num_kv_heads": _facts.NUM_KV_HEADS, "qk_head_dim": QK_DIM, "kv_lora_rank": V_DIM,
+                 "qk_rope_head_dim": QK_DIM - V_DIM, "v_head_dim": V_DIM}
 
 
 _torch_mod = None
@@ -104,9 +108,12 @@ class Plan:
         self.problem, self.device = problem, device
         self.device_index = device.index if device.index is not None else _torch().cuda.current_device()
         self.problem.device = self.device_index
-        self.out_shape = (problem.total_q, problem.num_heads, _DV)
+        self.out_shape = (problem.total_q, problem.num_heads, V_DIM)
         self.lse_shape = (problem.total_q, problem.num_heads) if return_lse else None
         self.out_dtype = _torch().bfloat16
+        # a stand-in of the output's shape and dtype on its device (one element of memory): outputs are
+        # made as empty_like(it), torch's cheapest allocation call
+        self.out_like = _torch().empty((1, 1, 1), dtype=self.out_dtype, device=device).expand(self.out_shape)
         self.bound: dict = {}  # launch handle -> its workspace tensor
         self.config = None  # the config it validated (a copy; decode sets it)
         self._handle = None
@@ -178,19 +185,37 @@ class Plan:
         if status:
             raise_for(status)
 
+    def __call__(self, q, q_scale, kv, kv_scale, qo_indptr, kv_indptr):
+        """One call of the common case (contiguous rows, no LSE): a new output, one C call."""
+        out = _torch_mod.empty_like(self.out_like)
+        self.run(q, q_scale, kv, kv_scale, qo_indptr, kv_indptr, out, _launch.handle(self.device_index))
+        return out
+
 
 _Args = _lib.Args
 _plans: dict = {}  # everything a plan validated (tensor metadata, format, options, config) -> Plan
-_last_plan = None
+_last_plan = None  # the plan of the last decode() run through ctypes here
+_native = None  # the C++ operators (ops.py sets it where libmlagen_torch.so is loaded), else None
 
 
 def last_kernel() -> dict | None:
-    """The kernel the most recent decode() ran (name, generic, splits, ...)."""
+    """The kernel the most recent decode() ran (name, generic, splits, ...): through the C++
+    operators (torch.ops.mlagen.* or decode()'s common path) or through ctypes here."""
+    if _native is not None:
+        info = _native.last_kernel()
+        if info is not None:
+            return info
     return _last_plan.info if _last_plan is not None else None
 
 
+_arch = None
+
+
 def _build_arch() -> str:
-    return lib().mlagen_build_archs().decode()
+    global _arch
+    if _arch is None:
+        _arch = lib().mlagen_build_archs().decode()
+    return _arch
 
 
 def resolve_format(kv_data, kv_format: str) -> str:
@@ -250,79 +275,113 @@ def _as_int(v):
         return None
 
 
-def _check_config(config: dict, q, qo_indptr) -> int:
-    """The config's fields against what the kernels implement; returns batch_size."""
+# ---- the leaderboard config -------------------------------------------------------------------
+# What decode() reads from a config: (batch_size | None, num_heads | None, kv_len (0: lengths
+# differ), sm_scale, q_seq_len | None), read once per distinct config (its items are the key). The
+# values' ranges are the library's to check (its message then names the config's key too).
+_configs: dict = {}
+_last_config = (None, None)  # (a copy of the last config read, its fields): equal content skips the lookup
+_CONFIG_SOURCES = {"batch": "batch_size", "kv_len": "kv_seq_len", "sm_scale": "sm_scale", "q_len": "q_seq_len"}
+
+
+def _config_fields(config) -> tuple:
     if not isinstance(config, dict):
         raise MlagenError(1, f"config: {type(config).__name__}: expected the leaderboard's dict")
     for field, want in _CONFIG_FIXED.items():
         if field in config and config[field] != want:
             raise MlagenError(1, f"config['{field}']={config[field]!r}: expected {want} (the only value the "
                                  f"kernels implement)")
-    batch = _as_int(config.get("batch_size", qo_indptr.numel() - 1))
-    if batch is None or batch < 1:
-        raise MlagenError(1, f"config['batch_size']={config.get('batch_size')!r}: expected a positive int")
-    kv_len = config.get("kv_seq_len")  # a uniform length, or None / 0: lengths differ (kv_indptr says)
-    if kv_len is not None and (_as_int(kv_len) is None or _as_int(kv_len) < 0):
-        raise MlagenError(1, f"config['kv_seq_len']={kv_len!r}: expected an int >= 0 or None (lengths differ)")
+
+    def integer(field):
+        v = config.get(field)
+        if v is None:
+            return None
+        n = _as_int(v)
+        if n is None:
+            raise MlagenError(1, f"config['{field}']={v!r}: expected an int")
+        return n
+
     try:
-        sm_scale = float(config.get("sm_scale", _QK ** -0.5))
+        sm_scale = float(config.get("sm_scale", QK_DIM ** -0.5))
     except (TypeError, ValueError):
-        sm_scale = float("nan")
-    if not 0 < sm_scale < float("inf"):
-        raise MlagenError(1, f"config['sm_scale']={config.get('sm_scale')!r}: expected a finite number > 0")
-    if q.shape[1] not in NUM_HEADS:
-        raise MlagenError(1, f"q: {q.shape[1]} heads: expected one of {NUM_HEADS}")
-    if "num_heads" in config and config["num_heads"] != q.shape[1]:
-        raise MlagenError(1, f"config['num_heads']={config['num_heads']!r}: expected {q.shape[1]} (q's heads)")
-    return batch
+        raise MlagenError(1, f"config['sm_scale']={config.get('sm_scale')!r}: expected a number") from None
+    fields = (integer("batch_size"), integer("num_heads"), integer("kv_seq_len") or 0, sm_scale, integer("q_seq_len"))
+    try:
+        if len(_configs) < 4096:
+            _configs[tuple(config.items())] = fields
+    except TypeError:  # an unhashable value: read again each call
+        pass
+    return fields
 
 
-def _q_len(q_len, config: dict, total_q: int, batch: int) -> int:
-    """The most query tokens a sequence: q_len, else config['q_seq_len'], else total_q / batch
-    (when it divides); every sequence has that many unless qo_indptr says fewer (1..q_len)."""
-    given = q_len if q_len is not None else config.get("q_seq_len")
-    field = "q_len" if q_len is not None else "config['q_seq_len']"
-    if given is None:
-        if total_q % batch:
-            raise MlagenError(1, f"q_len: None with total_q={total_q} not a multiple of batch_size={batch}: expected "
-                                 f"q_len = the most query tokens a sequence (1..{MAX_Q_LEN})")
-        given = total_q // batch
-    n = _as_int(given)
-    if n is None or not 1 <= n <= MAX_Q_LEN:
-        raise MlagenError(1, f"{field}={given!r}: expected 1..{MAX_Q_LEN} (query tokens a sequence)")
-    if not batch <= total_q <= batch * n:
-        raise MlagenError(1, f"q: {total_q} token rows: expected batch_size..batch_size*{field} = {batch}..{batch * n}")
-    return n
+def _naming_config(e: MlagenError, sources: dict) -> MlagenError:
+    """The library's error, with the config key its field's value came from."""
+    text = str(e)
+    field = text.split(": ", 1)[-1].split("=", 1)[0]
+    if field in sources:
+        return MlagenError(e.status, f"{text} (from config['{sources[field]}'])")
+    return e
 
 
-def _kv_rows(kv, row: int, kv_format: str, page_size: int):
-    """(rows, row stride) of the KV tensor: (rows, 1, row) or (rows, row), dims contiguous; with
-    pages also (num_pages, page_size, row) or (num_pages, page_size, 1, row), the rows of all
-    pages at one stride."""
-    shape, st = tuple(kv.shape), kv.stride()
-    if kv.dim() in (2, 3, 4) and shape[-1] == row and st[-1] == 1:
-        if kv.dim() == 2 or (kv.dim() == 3 and shape[1] == 1):
-            return shape[0], st[0]
-        if page_size and shape[1] == page_size and (kv.dim() == 3 or shape[2] == 1) and \
-                (shape[0] == 1 or st[0] == page_size * st[1]):
-            return shape[0] * page_size, st[1]
-    want = f"(total_kv, 1, {row})" + (f" or (num_pages, {page_size}, [1,] {row})" if page_size else "")
-    raise MlagenError(1, f"kv: shape {shape} strides {st}: expected {want} with contiguous dims ({kv_format})")
+_STATUS = {name: code for code, name in enumerate(("MLAGEN_OK", "MLAGEN_ERR_INVALID", "MLAGEN_ERR_UNSUPPORTED",
+                                                   "MLAGEN_ERR_WORKSPACE", "MLAGEN_ERR_DEVICE",
+                                                   "MLAGEN_ERR_INPUT_DATA"))}
 
 
-def _check_int32(name, t, numel=None, dims=1, what=None):
-    torch = _torch()
-    if t.dtype != torch.int32 or t.dim() != dims or t.stride(-1) != 1 or (numel is not None and t.numel() != numel):
-        want = f"({numel},)" if numel is not None else ("a 1-d tensor" if dims == 1 else "(batch, max_pages)")
-        want += f" ({what})" if what else ""
-        raise MlagenError(1, f"{name}: {t.dtype} shape {tuple(t.shape)} strides {t.stride()}: expected int32 {want}"
-                             f" with contiguous last dim")
+def _native_call(q, kv_data, qo_indptr, kv_indptr, config, kv_format, q_dtype, q_scale, q_len, paged, return_lse):
+    """decode() through the C++ operators: the kv entry and the config here, the rest in C++ (the
+    plan cache keyed on the tensors' metadata, the output, the launch). None when an argument is
+    not what the operator takes (decode() then goes the ctypes way, which names it)."""
+    global _last_config
+    try:
+        if kv_format == "fastest":
+            kv_format = resolve_format(kv_data, kv_format)
+        entry = kv_data[kv_format] if isinstance(kv_data, dict) else kv_data
+        if entry.__class__ is tuple and len(entry) == 2:
+            kv, kv_scale = entry
+        else:
+            kv, kv_scale = _unpack_kv(kv_data, kv_format)
+        last = _last_config
+        if config == last[0]:
+            fields = last[1]
+        else:
+            try:
+                fields = _configs[tuple(config.items())]
+            except KeyError:
+                fields = _config_fields(config)
+            _last_config = (dict(config), fields)
+        batch, heads, kv_len, sm_scale, config_q_len = fields
+        if batch is not None and qo_indptr.numel() != batch + 1:
+            raise MlagenError(1, f"qo_indptr: shape {tuple(qo_indptr.shape)}: expected ({batch + 1},) "
+                                 "(config['batch_size']+1)")
+        if heads is not None and q.shape[1] != heads and q.dim() == 3:  # (any other q: the operator names it)
+            raise MlagenError(1, f"config['num_heads']={heads}: expected {q.shape[1]} (q's heads)")
+        n = q_len if q_len is not None else config_q_len
+        if paged is None:
+            args = (q, kv, kv_scale, qo_indptr, kv_indptr, kv_format, q_dtype, kv_len, sm_scale, q_scale, n or 0)
+        else:
+            page_table, kv_lens, page_size, kv_indices, kv_last_page_len = paged
+            args = (q, kv, kv_scale, qo_indptr, kv_indptr, kv_format, q_dtype, kv_len, sm_scale, q_scale, n or 0,
+                    page_table, kv_lens, operator.index(page_size), kv_indices, kv_last_page_len)
+    except (TypeError, AttributeError, KeyError, IndexError, ValueError):
+        return None
+    try:
+        return (_native.decode_lse if return_lse else _native.decode)(*args)
+    except RuntimeError as e:
+        text = str(e)
+        status = _STATUS.get(text.split(":", 1)[0])
+        if status is None:
+            return None  # not the operator's own error (an argument of the wrong type): the ctypes way names it
+        sources = {f: k for f, k in _CONFIG_SOURCES.items() if k in config and not (f == "q_len" and q_len is not None)}
+        raise _naming_config(MlagenError(status, text), sources) from None
 
 
 def prepare(q, kv, kv_scale, qo_indptr, kv_indptr, config: dict, *, kv_format: str = "fp8", q_dtype: str = "bf16",
             q_scale=None, force_generic=False, splits=0, kernel=None, page_size: int = 0, page_table=None,
             kv_lens=None, kv_indices=None, kv_last_page_len=None, return_lse: bool = False, q_len=None) -> Plan:
-    """A Plan for these inputs (see decode() for the arguments)."""
+    """A Plan for these inputs (see decode() for the arguments). What only the binding can see is
+    checked here (dtypes against the formats, devices, the tensors' shapes); every value the
+    problem holds is the library's to validate (mlagen_plan), its message naming the field."""
     torch = _torch()
     dev = q.device
     if dev.type != "cuda":
@@ -334,41 +393,48 @@ def prepare(q, kv, kv_scale, qo_indptr, kv_indptr, config: dict, *, kv_format: s
             raise MlagenError(1, f"{name}: on {t.device}, expected {dev} (the device of q)")
     _check_q(q, q_dtype, q_scale)
     q_from_bf16 = int(q_dtype == "fp8" and q.dtype == torch.bfloat16)
-    if q.dim() != 3 or q.shape[2] != _QK or q.stride(2) != 1:
-        raise MlagenError(1, f"q: shape {tuple(q.shape)} strides {q.stride()}: expected (total_q, num_heads, 576) "
+    if q.dim() != 3 or q.stride(2) != 1:
+        raise MlagenError(1, f"q: shape {tuple(q.shape)} strides {q.stride()}: expected (total_q, num_heads, {QK_DIM}) "
                              f"with contiguous dims")
     kv_dtype = _kv_dtype_name(kv_format, kv, kv_scale)
-    row = _QK // 2 if kv_dtype == "mxfp4" else _QK
     page_size = _as_int(page_size)
-    if page_size is None or page_size < 0:
-        raise MlagenError(1, f"page_size={page_size!r}: expected 0 (contiguous rows) or a power of two 1..256")
-    paged = page_size > 0
+    if page_size is None:
+        raise MlagenError(1, "page_size: expected an int (0: contiguous rows, else the cache's page size)")
+    paged = page_size != 0
     if not paged and any(t is not None for t in (page_table, kv_lens, kv_indices, kv_last_page_len)):
         raise MlagenError(1, "page_table / kv_lens / kv_indices / kv_last_page_len: given without page_size; "
                              "expected page_size = the cache's page size")
     if paged and (page_table is None) == (kv_indices is None):
         raise MlagenError(1, "page_table / kv_indices: expected exactly one (a block table, or FlashInfer's "
                              "kv_indices with kv_indptr in pages and kv_last_page_len)")
-    kv_rows, kv_stride = _kv_rows(kv, row, kv_format, page_size)
+    row = QK_DIM // 2 if kv_dtype == "mxfp4" else QK_DIM
+    kv_rows, kv_stride = _kv_rows(kv, row, kv_format, max(page_size, 0))
     scale_stride = 0
     if kv_dtype == "mxfp4":
-        if kv_scale.shape[0] < kv_rows or kv_scale.shape[1] < 18:
+        if kv_scale.shape[0] < kv_rows or kv_scale.shape[1] < QK_DIM // 32:
             raise MlagenError(1, f"kv_scale: shape {tuple(kv_scale.shape)}: expected at least ({kv_rows}, 18) "
                                  f"(one E8M0 scale per 32 dims of every token)")
         scale_stride = kv_scale.stride(0)
-    batch = _check_config(config, q, qo_indptr)
-    q_len = _q_len(q_len, config, q.shape[0], batch)
-    heads = q.shape[1]
+    config_batch, config_heads, kv_len, sm_scale, config_q_len = _config_fields(config)
+    batch = config_batch if config_batch is not None else qo_indptr.numel() - 1
     _check_int32("qo_indptr", qo_indptr, batch + 1, what="batch_size+1")
-    if not qo_indptr.is_contiguous():
-        raise MlagenError(1, "qo_indptr: expected contiguous int32 (batch+1,)")
+    sources = {f: k for f, k in _CONFIG_SOURCES.items() if k in config}
+    if q_len is not None:
+        sources.pop("q_len", None)
+    else:
+        q_len = config_q_len
+        if q_len is None:  # every sequence has total_q / batch tokens (a batch below 1 is the library's to refuse)
+            if batch >= 1 and q.shape[0] % batch:
+                raise MlagenError(1, f"q_len: None with total_q={q.shape[0]} not a multiple of batch_size={batch}: "
+                                     f"expected q_len = the most query tokens a sequence (1..{MAX_Q_LEN})")
+            q_len = q.shape[0] // batch if batch >= 1 else 1
     if kv_indptr is not None:
         _check_int32("kv_indptr", kv_indptr, batch + 1, what="batch_size+1")
     elif not (paged and kv_lens is not None):
         raise MlagenError(1, "kv_indptr: None: expected int32 (batch+1,) (or, with a block table, kv_lens)")
-    kv_len = _as_int(config.get("kv_seq_len") or 0)
-    if kv_len and not paged and kv_rows != batch * kv_len:
+    if kv_len > 0 and not paged and kv_rows != batch * kv_len:
         kv_len = 0  # lengths are not uniform: the generic kernel reads them from kv_indptr
+    heads = q.shape[1]
     fields = {}
     if paged:
         fields.update(page_size=page_size)
@@ -398,20 +464,50 @@ def prepare(q, kv, kv_scale, qo_indptr, kv_indptr, config: dict, *, kv_format: s
             kv_indptr = None  # the token indptr of the contiguous form: not this one
     if return_lse:
         fields.update(lse=0x100, lse_stride_token=heads)  # presence only: each call passes its own
-    p = Problem(abi_version=_lib.ABI_VERSION, batch=batch, num_heads=heads, num_kv_heads=1, q_len=q_len,
-                qk_dim=_QK, v_dim=_DV, kv_len=kv_len, total_q=q.shape[0], total_kv=kv_rows, q_dtype=DTYPE[q_dtype],
-                kv_dtype=DTYPE[kv_dtype], sm_scale=float(config.get("sm_scale", _QK ** -0.5)),
+    p = Problem(abi_version=_facts.ABI_VERSION, batch=batch, num_heads=heads, num_kv_heads=_facts.NUM_KV_HEADS,
+                q_len=q_len, qk_dim=q.shape[2], v_dim=V_DIM, kv_len=kv_len, total_q=q.shape[0], total_kv=kv_rows,
+                q_dtype=DTYPE[q_dtype], kv_dtype=DTYPE[kv_dtype], sm_scale=sm_scale,
                 splits=splits, force_generic=int(bool(force_generic)),
                 q=q.data_ptr(), q_stride_token=q.stride(0), q_stride_head=q.stride(1),
                 kv=kv.data_ptr(), kv_stride_token=kv_stride,
                 kv_scale=kv_scale.data_ptr() if kv_scale is not None else None,
                 qo_indptr=qo_indptr.data_ptr(), kv_indptr=kv_indptr.data_ptr() if kv_indptr is not None else None,
-                out=0x100, out_stride_token=heads * _DV, out_stride_head=_DV,
+                out=0x100, out_stride_token=heads * V_DIM, out_stride_head=V_DIM,
                 kernel_name=kernel.encode() if kernel else None, kv_scale_stride=scale_stride,
                 q_scale=q_scale.data_ptr() if q_scale is not None else None, q_from_bf16=q_from_bf16,
                 device=dev.index if dev.index is not None else torch.cuda.current_device(), **fields)
     _check_device_once(dev)
-    return Plan(p, dev, return_lse)
+    try:
+        plan = Plan(p, dev, return_lse)
+    except MlagenError as e:
+        raise _naming_config(e, sources) from None
+    if config_heads is not None and config_heads != heads:  # (after the library's check of q's heads)
+        raise MlagenError(1, f"config['num_heads']={config['num_heads']!r}: expected {heads} (q's heads)")
+    return plan
+
+
+def _kv_rows(kv, row: int, kv_format: str, page_size: int):
+    """(rows, row stride) of the KV tensor: (rows, 1, row) or (rows, row), dims contiguous; with
+    pages also (num_pages, page_size, row) or (num_pages, page_size, 1, row), the rows of all
+    pages at one stride."""
+    shape, st = tuple(kv.shape), kv.stride()
+    if kv.dim() in (2, 3, 4) and shape[-1] == row and st[-1] == 1:
+        if kv.dim() == 2 or (kv.dim() == 3 and shape[1] == 1):
+            return shape[0], st[0]
+        if page_size and shape[1] == page_size and (kv.dim() == 3 or shape[2] == 1) and \
+                (shape[0] == 1 or st[0] == page_size * st[1]):
+            return shape[0] * page_size, st[1]
+    want = f"(total_kv, 1, {row})" + (f" or (num_pages, {page_size}, [1,] {row})" if page_size else "")
+    raise MlagenError(1, f"kv: shape {shape} strides {st}: expected {want} with contiguous dims ({kv_format})")
+
+
+def _check_int32(name, t, numel=None, dims=1, what=None):
+    torch = _torch()
+    if t.dtype != torch.int32 or t.dim() != dims or t.stride(-1) != 1 or (numel is not None and t.numel() != numel):
+        want = f"({numel},)" if numel is not None else ("a 1-d tensor" if dims == 1 else "(batch, max_pages)")
+        want += f" ({what})" if what else ""
+        raise MlagenError(1, f"{name}: {t.dtype} shape {tuple(t.shape)} strides {t.stride()}: expected int32 {want}"
+                             f" with contiguous last dim")
 
 
 _checked_devices = set()
@@ -442,10 +538,17 @@ _NO_OPTIONS = (False, 0, None, 0, None, None, None, None, False, None)  # decode
 
 
 def _decode_cached(q, kv_data, qo_indptr, kv_indptr, config, kv_format, q_dtype="bf16", q_scale=None):
-    """The per-call path of the common case (contiguous rows, no LSE, no overrides) once a plan
-    exists for these inputs (None otherwise): the plan-cache key (everything the plan validated,
-    the config's items included), then an output and one C call with the per-call pointers.
-    Positional, no keyword parsing: the leaderboard entry calls it directly."""
+    """The per-call path of the common case (contiguous rows, no LSE, no overrides): the C++
+    operator where it is loaded; else, once a plan exists for these inputs (None otherwise), the
+    plan-cache key (everything the plan validated, the config's items included), then an output
+    and one C call (Plan.__call__). Positional, no keyword parsing: the leaderboard entry calls it
+    directly."""
+    if _native is not None:
+        return _native_call(q, kv_data, qo_indptr, kv_indptr, config, kv_format, q_dtype, q_scale, None, None, False)
+    return _ctypes_cached(q, kv_data, qo_indptr, kv_indptr, config, kv_format, q_dtype, q_scale)
+
+
+def _ctypes_cached(q, kv_data, qo_indptr, kv_indptr, config, kv_format, q_dtype="bf16", q_scale=None):
     global _last_plan
     try:
         entry = kv_data[kv_format]
@@ -456,17 +559,19 @@ def _decode_cached(q, kv_data, qo_indptr, kv_indptr, config, kv_format, q_dtype=
         return None
     if plan is None:
         return None
-    out = _torch_mod.empty(plan.out_shape, dtype=plan.out_dtype, device=plan.device)
-    plan.run(q, q_scale, kv, kv_scale, qo_indptr, kv_indptr, out, _launch.handle(plan.device_index))
+    out = plan(q, q_scale, kv, kv_scale, qo_indptr, kv_indptr)
     _last_plan = plan
     return out
 
 
-def leaderboard_entry(kv_format: str = "fastest", q_dtype: str = "bf16"):
+def leaderboard_entry(kv_format: str = "fastest", q_dtype: str = "bf16", *, native: bool | None = None):
     """custom_kernel(data) for the leaderboard tuple: the cached path first, decode() for the
     first call of a shape (which makes the plan) and for anything unusual. "fastest" takes
-    the first format of FASTEST_ORDER for this build's arch that the data holds."""
-    cached, full = _decode_cached, decode
+    the first format of FASTEST_ORDER for this build's arch that the data holds. native: the C++
+    operators' per-call path (None: where they are loaded; False: ctypes, as the leaderboard bundle
+    runs it)."""
+    ctypes_only = _native is not None and native is not None and not native
+    cached, full = (_ctypes_cached, _decode_python) if ctypes_only else (_decode_cached, decode)
     order, last = None, None  # "fastest": the arch's order, and the format the last call took
 
     def custom_kernel(data):
@@ -523,15 +628,40 @@ def decode(q, kv_data, qo_indptr, kv_indptr, config: dict, *, kv_format: str = "
 
     Per call this reads the inputs' metadata once (the plan cache key), allocates the outputs
     and passes the pointers to the library: everything else happened when the plan was made.
-    The launches go where `_launch.handle` points them, with the tensors' device made current.
+    Where the C++ operators are loaded (mlagen.ops), the common case (no out / force_generic /
+    splits / kernel) is one call of torch.ops.mlagen.decode's C++ path; the launches go on
+    torch's current queue of the tensors' device (the ctypes way: where `_launch.handle` points
+    them), with that device made current.
     """
+    if _native is not None and out is None and not force_generic and not splits and kernel is None:
+        paged = None
+        if page_size or page_table is not None or kv_indices is not None or kv_lens is not None or \
+                kv_last_page_len is not None:
+            paged = (page_table, kv_lens, page_size, kv_indices, kv_last_page_len)
+        res = _native_call(q, kv_data, qo_indptr, kv_indptr, config, kv_format, q_dtype, q_scale, q_len, paged,
+                           return_lse)
+        if res is not None:
+            return res
+    return _decode_python(q, kv_data, qo_indptr, kv_indptr, config, kv_format=kv_format, q_dtype=q_dtype,
+                          q_scale=q_scale, out=out, force_generic=force_generic, splits=splits, kernel=kernel,
+                          page_table=page_table, page_size=page_size, kv_lens=kv_lens, kv_indices=kv_indices,
+                          kv_last_page_len=kv_last_page_len, return_lse=return_lse, q_len=q_len)
+
+
+def _decode_python(q, kv_data, qo_indptr, kv_indptr, config: dict, *, kv_format: str = "fp8", q_dtype: str = "bf16",
+                   q_scale=None, out=None, force_generic: bool = False, splits: int = 0, kernel: str | None = None,
+                   page_table=None, page_size: int = 0, kv_lens=None, kv_indices=None, kv_last_page_len=None,
+                   return_lse: bool = False, q_len: int | None = None):
+    """decode() through ctypes: Python's plan cache (prepare(), Plan.run)."""
     global _last_plan
     kv_format = resolve_format(kv_data, kv_format)
     options = (force_generic, splits, kernel, page_size, _tensor_meta(page_table), _tensor_meta(kv_lens),
                _tensor_meta(kv_indices), _tensor_meta(kv_last_page_len), return_lse, q_len)
     if out is None and options == _NO_OPTIONS:
-        res = _decode_cached(q, kv_data, qo_indptr, kv_indptr, config, kv_format, q_dtype, q_scale)
+        res = _ctypes_cached(q, kv_data, qo_indptr, kv_indptr, config, kv_format, q_dtype, q_scale)
         if res is not None:
+            if _native is not None:
+                _native.forget_last()
             return res
     kv, kv_scale = _unpack_kv(kv_data, kv_format)
     for name, t in (("q", q), ("kv", kv), ("kv_scale", kv_scale), ("q_scale", q_scale), ("qo_indptr", qo_indptr),
@@ -571,13 +701,16 @@ def decode(q, kv_data, qo_indptr, kv_indptr, config: dict, *, kv_format: str = "
             kv_indptr = None  # passed as the page offsets
     plan.run(q, q_scale, kv, kv_scale, qo_indptr, kv_indptr, out, _launch.handle(plan.device_index), lse, pages)
     _last_plan = plan
+    if _native is not None:
+        _native.forget_last()
     return (out, lse) if return_lse else out
 
 
 def check_device_errors(device=None) -> None:
     """Synchronize and raise MlagenError if a kernel flagged its inputs (e.g. an indptr
     that disagrees with the sizes; the affected outputs are NaN). Reads and clears the error
-    word of every plan's scratch on the device (default: the current one)."""
+    word of every plan's scratch on the device (default: the current one), the C++ operators'
+    plans included."""
     torch = _torch()
     device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -592,5 +725,29 @@ def check_device_errors(device=None) -> None:
             if status and first is None:
                 first = status
                 message = lib().mlagen_last_error().decode()
+    if _native is not None:
+        status, text = _native.take_device_errors(index)
+        if status and first is None:
+            first, message = status, text
     if first is not None:
         raise MlagenError(first, f"{lib().mlagen_status_name(first).decode()}: {message}")
+
+
+def _register_operators():
+    """torch.ops.mlagen.decode / decode_lse, where torch is installed (mlagen.ops: the C++ operators,
+    else the Python ones with one warning line). Never fails the import: without torch, or in the
+    leaderboard bundle (which carries no operators), there is nothing to register."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return
+    try:
+        from . import ops  # noqa: F401
+    except ModuleNotFoundError as e:
+        if e.name != __name__ + ".ops":
+            _lib.warn(f"torch.ops.mlagen.* not registered: {type(e).__name__}: {e}")
+    except Exception as e:  # noqa: BLE001 - the import of the library's binding must not fail for its operators
+        _lib.warn(f"torch.ops.mlagen.* not registered: {type(e).__name__}: {e}")
+
+
+_register_operators()

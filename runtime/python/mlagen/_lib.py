@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import ctypes
 import os
+import warnings
 
-ABI_VERSION = 5
+from ._facts import ABI_VERSION, DTYPE, QK_DIM, V_DIM  # generated from codegen/facts.py (as the library's facts.inc)
+
 OK, ERR_INVALID, ERR_UNSUPPORTED, ERR_WORKSPACE, ERR_DEVICE, ERR_INPUT_DATA = range(6)
-DTYPE = {"bf16": 1, "fp8e4m3fn": 2, "fp8e4m3fnuz": 3, "mxfp4": 4, "fp8": 5}
 DTYPE_NAME = {v: k for k, v in DTYPE.items()}
 DEVERR_KV_INDPTR, DEVERR_QO_INDPTR, DEVERR_PAGE_TABLE = 1, 2, 4
 
@@ -35,8 +36,8 @@ class Problem(ctypes.Structure):
     ]
 
     @classmethod
-    def make(cls, batch, kv_len, *, total_kv=None, num_heads=16, q_len=1, qk_dim=576, v_dim=512,
-             q_dtype="bf16", kv_dtype="fp8e4m3fn", sm_scale=576 ** -0.5, **fields):
+    def make(cls, batch, kv_len, *, total_kv=None, num_heads=16, q_len=1, qk_dim=QK_DIM, v_dim=V_DIM,
+             q_dtype="bf16", kv_dtype="fp8e4m3fn", sm_scale=QK_DIM ** -0.5, **fields):
         """A problem with contiguous default strides and placeholder (non-null, aligned)
         pointers, for selection and validation on a machine without a GPU."""
         total_kv = batch * kv_len if total_kv is None else total_kv
@@ -82,6 +83,15 @@ class MlagenError(RuntimeError):
     def __init__(self, status: int, message: str):
         self.status = status
         super().__init__(message)
+
+
+class MlagenWarning(UserWarning):
+    pass
+
+
+def warn(message: str) -> None:
+    """One warning line on stderr (filterable as MlagenWarning)."""
+    warnings.warn_explicit(message, MlagenWarning, "mlagen", 0)
 
 
 _lib = None

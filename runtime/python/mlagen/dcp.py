@@ -26,8 +26,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ._facts import MAX_Q_LEN  # decode()'s query tokens a sequence
+
 LAYOUTS = ("round_robin", "contiguous")
-MAX_Q_LEN = 4  # decode()'s query tokens a sequence
 
 
 def _torch():

@@ -1,15 +1,25 @@
-"""mlagen as PyTorch operators: `torch.ops.mlagen.decode` and `torch.ops.mlagen.decode_lse`
-(importing this module registers them).
+"""mlagen as PyTorch operators: `torch.ops.mlagen.decode` and `torch.ops.mlagen.decode_lse`,
+registered by `import mlagen` (which imports this module) where torch is installed.
 
-    import mlagen.ops
+    import mlagen
     out = torch.ops.mlagen.decode(q, kv, kv_scale, qo_indptr, kv_indptr, "fp8", "bf16", kv_seq_len, sm_scale)
     out, lse = torch.ops.mlagen.decode_lse(q, kv, kv_scale, qo_indptr, None, "fp8", "bf16", 0, sm_scale,
                                            q_len=2, page_table=block_table, kv_lens=seq_lens, page_size=64)
 
-Functional ops (no argument is mutated; the outputs are new) with fake implementations, so they
-pass torch.library.opcheck, trace under torch.compile(fullgraph=True) and record into CUDA
-graphs (they launch where mlagen.decode does). The arguments are mlagen.decode's, flattened
-into what an operator schema can hold:
+One schema, registered one of two ways (REGISTRATION says which):
+  "native"  libmlagen_torch.so (runtime/torch/ops.cpp): registered from C++ (TORCH_LIBRARY), its
+            CUDA kernel keeps the plan cache (keyed on the tensors' metadata), allocates the output
+            and calls the library's mlagen_run; meta kernels give the outputs' shapes. Built beside
+            libmlagen.so against the torch it runs with (the file records that torch's version).
+  "python"  torch.library.custom_op over mlagen.decode's ctypes path, with fake implementations:
+            where the C++ object is absent (not built: no torch at build time, an AMD build), was
+            built against another torch, or does not load. One warning line says why.
+MLAGEN_TORCH_LIBRARY names the C++ object to load instead of the one beside the library ("" for none).
+
+Functional ops (no argument is mutated; the outputs are new) that pass torch.library.opcheck,
+trace under torch.compile(fullgraph=True) and record into CUDA graphs (they launch on torch's
+current queue of the tensors' device). The arguments are mlagen.decode's, flattened into what an
+operator schema can hold:
 
   q          (total_q, num_heads, 576) bf16, or fp8 with q_scale (q_dtype "fp8"); 8..128 heads
   kv         the KV rows of kv_format: fp8 (total_kv, 1, 576), bf16 (total_kv, 1, 576),
@@ -26,69 +36,185 @@ into what an operator schema can hold:
              kv_last_page_len (batch,) int32
 
 decode returns (total_q, num_heads, 512) bf16; decode_lse also the LSE (total_q, num_heads)
-float32 (natural log of the scaled scores). Errors are mlagen.MlagenError, naming the field.
+float32 (natural log of the scaled scores). Errors name the field: RuntimeErrors whose text starts
+with the status (MLAGEN_ERR_INVALID: ...) from the C++ operators, mlagen.MlagenError (a
+RuntimeError) from the Python ones; mlagen.decode raises MlagenError either way.
 """
 from __future__ import annotations
 
+import ctypes
+import os
+import sys
 from typing import Optional
 
 import torch
 
-from . import NUM_HEADS, decode
+from . import _facts, _lib
 
-_DV = 512
-
-
-def _call(q, kv, kv_scale, qo_indptr, kv_indptr, kv_format, q_dtype, kv_seq_len, sm_scale, q_scale, q_len,
-          page_table, kv_lens, page_size, kv_indices, kv_last_page_len, return_lse):
-    config = {"batch_size": qo_indptr.numel() - 1, "kv_seq_len": kv_seq_len or None, "sm_scale": sm_scale}
-    entry = kv if kv_format == "bf16" else (kv, kv_scale)
-    paged = dict(page_table=page_table, kv_lens=kv_lens, page_size=page_size, kv_indices=kv_indices,
-                 kv_last_page_len=kv_last_page_len) if page_size else {}
-    return decode(q, {kv_format: entry}, qo_indptr, kv_indptr, config, kv_format=kv_format, q_dtype=q_dtype,
-                  q_scale=q_scale, q_len=q_len or None, return_lse=return_lse, **paged)
+_MARK = "mlagen-torch-built-with:"
+REGISTRATION = None  # "native" | "python", set below
+NATIVE_PATH = None  # the C++ object loaded, if any
 
 
-@torch.library.custom_op("mlagen::decode", mutates_args=(), device_types="cuda")
-def _decode_op(q: torch.Tensor, kv: torch.Tensor, kv_scale: Optional[torch.Tensor], qo_indptr: torch.Tensor,
-               kv_indptr: Optional[torch.Tensor], kv_format: str, q_dtype: str, kv_seq_len: int, sm_scale: float,
-               q_scale: Optional[torch.Tensor] = None, q_len: int = 0, page_table: Optional[torch.Tensor] = None,
-               kv_lens: Optional[torch.Tensor] = None, page_size: int = 0, kv_indices: Optional[torch.Tensor] = None,
-               kv_last_page_len: Optional[torch.Tensor] = None) -> torch.Tensor:
-    return _call(q, kv, kv_scale, qo_indptr, kv_indptr, kv_format, q_dtype, kv_seq_len, sm_scale, q_scale, q_len,
-                 page_table, kv_lens, page_size, kv_indices, kv_last_page_len, False)
+def native_path() -> str:
+    """MLAGEN_TORCH_LIBRARY, else libmlagen_torch.so beside the library the binding loads."""
+    env = os.environ.get("MLAGEN_TORCH_LIBRARY")
+    if env is not None:
+        return env
+    return os.path.join(os.path.dirname(os.path.abspath(_lib.library_path())), "libmlagen_torch.so")
 
 
-@torch.library.custom_op("mlagen::decode_lse", mutates_args=(), device_types="cuda")
-def _decode_lse_op(q: torch.Tensor, kv: torch.Tensor, kv_scale: Optional[torch.Tensor], qo_indptr: torch.Tensor,
+def built_with(path: str) -> str | None:
+    """The torch version the C++ object at `path` was built against (read from its bytes, unloaded)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    i = data.find(_MARK.encode())
+    if i < 0:
+        return None
+    j = data.find(b";", i)
+    return data[i + len(_MARK):j].decode(errors="replace")
+
+
+class _Native:
+    """The C++ operators' entry points: the ops' C++ callables (the OpOverloads' own, past their
+    Python wrapper) and the object's C functions (the library path, the last plan, the error words)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        h = ctypes.CDLL(path)
+        h.mlagen_torch_set_library.restype, h.mlagen_torch_set_library.argtypes = None, [ctypes.c_char_p]
+        h.mlagen_torch_last_plan.restype, h.mlagen_torch_last_plan.argtypes = ctypes.c_void_p, []
+        h.mlagen_torch_forget_last.restype, h.mlagen_torch_forget_last.argtypes = None, []
+        h.mlagen_torch_num_plans.restype, h.mlagen_torch_num_plans.argtypes = ctypes.c_int64, []
+        h.mlagen_torch_take_device_errors.restype = ctypes.c_int
+        h.mlagen_torch_take_device_errors.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
+        self._h = h
+        h.mlagen_torch_set_library(os.path.abspath(_lib.library_path()).encode())
+        self.forget_last = h.mlagen_torch_forget_last
+        self.num_plans = h.mlagen_torch_num_plans
+        self.decode = getattr(torch.ops.mlagen.decode.default, "_op", torch.ops.mlagen.decode.default)
+        self.decode_lse = getattr(torch.ops.mlagen.decode_lse.default, "_op", torch.ops.mlagen.decode_lse.default)
+        self._infos: dict = {}
+
+    def last_kernel(self) -> dict | None:
+        """The kernel of the most recent call through these operators (None after a ctypes call)."""
+        plan = self._h.mlagen_torch_last_plan()
+        if not plan:
+            return None
+        info = self._infos.get(plan)
+        if info is None:  # the C++ plans live as long as the process: their info once each
+            L = _lib.lib()
+            k, n = _lib.KernelInfo(), ctypes.c_size_t(0)
+            _lib.raise_for(L.mlagen_plan_info(ctypes.c_void_p(plan), ctypes.byref(k), ctypes.byref(n)), L)
+            info = self._infos[plan] = k.as_dict()
+        return info
+
+    def take_device_errors(self, device: int) -> tuple[int, str]:
+        """(the first failing status, its message) over the C++ plans' scratch on `device` (0, "": none)."""
+        buf = ctypes.create_string_buffer(1024)
+        status = self._h.mlagen_torch_take_device_errors(device, buf, len(buf))
+        return status, buf.value.decode(errors="replace")
+
+
+def _registered() -> str | None:
+    """How torch.ops.mlagen is registered in this process already (another copy of the binding, or
+    this one imported again), else None."""
+    return getattr(torch.ops.mlagen, "_mlagen_registration", None)
+
+
+def _load_native() -> str | None:
+    """Loads the C++ operators; None when they serve, else why not."""
+    path = native_path()
+    if not path:
+        return "MLAGEN_TORCH_LIBRARY is empty (the C++ operators are off)"
+    if not os.path.exists(path):
+        return f"no C++ operators at {path} (built beside the library where torch is importable: make build)"
+    try:
+        built = built_with(path)
+    except OSError as e:
+        return f"cannot read {path}: {e}"
+    if built != torch.__version__:
+        return f"{path} was built against torch {built}, this is torch {torch.__version__} (rebuild it: make build)"
+    try:
+        torch.ops.load_library(path)
+    except (OSError, RuntimeError) as e:
+        return f"{path} does not load: {e}"
+    return None
+
+
+def _register_python():
+    """The same schema from Python: custom ops over mlagen.decode (its ctypes path), fake kernels."""
+
+    def _call(q, kv, kv_scale, qo_indptr, kv_indptr, kv_format, q_dtype, kv_seq_len, sm_scale, q_scale, q_len,
+              page_table, kv_lens, page_size, kv_indices, kv_last_page_len, return_lse):
+        from . import decode
+        config = {"batch_size": qo_indptr.numel() - 1, "kv_seq_len": kv_seq_len or None, "sm_scale": sm_scale}
+        entry = kv if kv_format == "bf16" else (kv, kv_scale)
+        paged = dict(page_table=page_table, kv_lens=kv_lens, page_size=page_size, kv_indices=kv_indices,
+                     kv_last_page_len=kv_last_page_len) if page_size else {}
+        return decode(q, {kv_format: entry}, qo_indptr, kv_indptr, config, kv_format=kv_format, q_dtype=q_dtype,
+                      q_scale=q_scale, q_len=q_len or None, return_lse=return_lse, **paged)
+
+    @torch.library.custom_op("mlagen::decode", mutates_args=(), device_types="cuda")
+    def _decode_op(q: torch.Tensor, kv: torch.Tensor, kv_scale: Optional[torch.Tensor], qo_indptr: torch.Tensor,
                    kv_indptr: Optional[torch.Tensor], kv_format: str, q_dtype: str, kv_seq_len: int, sm_scale: float,
                    q_scale: Optional[torch.Tensor] = None, q_len: int = 0, page_table: Optional[torch.Tensor] = None,
                    kv_lens: Optional[torch.Tensor] = None, page_size: int = 0,
                    kv_indices: Optional[torch.Tensor] = None,
-                   kv_last_page_len: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    return _call(q, kv, kv_scale, qo_indptr, kv_indptr, kv_format, q_dtype, kv_seq_len, sm_scale, q_scale, q_len,
-                 page_table, kv_lens, page_size, kv_indices, kv_last_page_len, True)
+                   kv_last_page_len: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return _call(q, kv, kv_scale, qo_indptr, kv_indptr, kv_format, q_dtype, kv_seq_len, sm_scale, q_scale, q_len,
+                     page_table, kv_lens, page_size, kv_indices, kv_last_page_len, False)
 
+    @torch.library.custom_op("mlagen::decode_lse", mutates_args=(), device_types="cuda")
+    def _decode_lse_op(q: torch.Tensor, kv: torch.Tensor, kv_scale: Optional[torch.Tensor], qo_indptr: torch.Tensor,
+                       kv_indptr: Optional[torch.Tensor], kv_format: str, q_dtype: str, kv_seq_len: int,
+                       sm_scale: float, q_scale: Optional[torch.Tensor] = None, q_len: int = 0,
+                       page_table: Optional[torch.Tensor] = None, kv_lens: Optional[torch.Tensor] = None,
+                       page_size: int = 0, kv_indices: Optional[torch.Tensor] = None,
+                       kv_last_page_len: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return _call(q, kv, kv_scale, qo_indptr, kv_indptr, kv_format, q_dtype, kv_seq_len, sm_scale, q_scale, q_len,
+                     page_table, kv_lens, page_size, kv_indices, kv_last_page_len, True)
 
-def _check_q(q):
-    torch._check(q.dim() == 3 and q.shape[1] in NUM_HEADS,
-                 lambda: f"q: shape {tuple(q.shape)}: expected (total_q, num_heads 8..128, 576)")
+    def _check_q(q):
+        torch._check(q.dim() == 3 and q.shape[1] in _facts.NUM_HEADS,
+                     lambda: f"q: shape {tuple(q.shape)}: expected (total_q, num_heads {_facts.HEADS_TEXT}, "
+                             f"{_facts.QK_DIM})")
 
-
-@_decode_op.register_fake
-def _decode_fake(q, kv, kv_scale, qo_indptr, kv_indptr, kv_format, q_dtype, kv_seq_len, sm_scale, q_scale=None,
-                 q_len=0, page_table=None, kv_lens=None, page_size=0, kv_indices=None, kv_last_page_len=None):
-    _check_q(q)
-    return q.new_empty((q.shape[0], q.shape[1], _DV), dtype=torch.bfloat16)
-
-
-@_decode_lse_op.register_fake
-def _decode_lse_fake(q, kv, kv_scale, qo_indptr, kv_indptr, kv_format, q_dtype, kv_seq_len, sm_scale, q_scale=None,
+    @_decode_op.register_fake
+    def _decode_fake(q, kv, kv_scale, qo_indptr, kv_indptr, kv_format, q_dtype, kv_seq_len, sm_scale, q_scale=None,
                      q_len=0, page_table=None, kv_lens=None, page_size=0, kv_indices=None, kv_last_page_len=None):
-    _check_q(q)
-    return (q.new_empty((q.shape[0], q.shape[1], _DV), dtype=torch.bfloat16),
-            q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32))
+        _check_q(q)
+        return q.new_empty((q.shape[0], q.shape[1], _facts.V_DIM), dtype=torch.bfloat16)
+
+    @_decode_lse_op.register_fake
+    def _decode_lse_fake(q, kv, kv_scale, qo_indptr, kv_indptr, kv_format, q_dtype, kv_seq_len, sm_scale,
+                         q_scale=None, q_len=0, page_table=None, kv_lens=None, page_size=0, kv_indices=None,
+                         kv_last_page_len=None):
+        _check_q(q)
+        return (q.new_empty((q.shape[0], q.shape[1], _facts.V_DIM), dtype=torch.bfloat16),
+                q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32))
 
 
+def _register():
+    global REGISTRATION, NATIVE_PATH
+    package = sys.modules[__name__.rpartition(".")[0]]
+    done = _registered()
+    if done is None:
+        why = _load_native()
+        if why is None:
+            torch.ops.mlagen._mlagen_registration = done = "native"
+            torch.ops.mlagen._mlagen_native_path = native_path()
+        else:
+            _lib.warn(f"{why}; torch.ops.mlagen.decode / decode_lse are registered from Python instead "
+                      "(the same schema, a slower call)")
+            _register_python()
+            torch.ops.mlagen._mlagen_registration = done = "python"
+    REGISTRATION = done
+    if done == "native":
+        NATIVE_PATH = torch.ops.mlagen._mlagen_native_path
+        package._native = _Native(NATIVE_PATH)
+
+
+_register()
 decode_op = torch.ops.mlagen.decode
 decode_lse_op = torch.ops.mlagen.decode_lse
