@@ -46,7 +46,10 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import _common as C  # noqa: E402
-from bench import Timer, measure_copy  # noqa: E402
+try:  # bench/bench.py: as the package's module where the repository root comes first (tests), else
+    from bench.bench import Timer, measure_copy  # noqa: E402
+except ImportError:  # as a top-level module (bench/ on the path: the scripts)
+    from bench import Timer, measure_copy  # noqa: E402
 
 C.ensure_mlagen_importable()
 

@@ -773,7 +773,10 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         log("serving.py times on an NVIDIA GPU (no CUDA device here); --list works without one")
         return 2
-    import bench as B  # bench/bench.py: Timer, device_info
+    try:  # bench/bench.py: the package's module where the repository root comes first, else top-level
+        import bench.bench as B
+    except ImportError:
+        import bench as B
     import floor as F
 
     run = Run()

@@ -75,9 +75,10 @@ LAUNCH_SOURCE = (
     "\n\n"
     "def handle(device_index):\n"
     "    return None\n")
-# Binding modules custom_kernel never reaches: the torch operator, `python -m mlagen` and the
-# multi-GPU merge (dcp.py).
-NOT_BUNDLED = ("ops.py", "__main__.py", "dcp.py")
+# Binding modules custom_kernel never reaches: the torch operator, `python -m mlagen`, the
+# multi-GPU merge (dcp.py), the engine-facing decode (serving.py) and the engine plugins (integrations/).
+NOT_BUNDLED = ("ops.py", "__main__.py", "dcp.py", "serving.py")
+NOT_BUNDLED_DIRS = ("integrations",)
 # (compression, base64 line width) in the order tried when the payload spells the forbidden word
 ENCODINGS = (("lzma", 100), ("lzma", 76), ("lzma", 64), ("zlib", 100), ("zlib", 76))
 
@@ -152,7 +153,8 @@ def read_binding(binding_dir: str = BINDING_DIR, package: str = PACKAGE) -> dict
     the binding package, with mlagen/_launch.py replaced by the bundle's LAUNCH_SOURCE."""
     sources = {}
     for root, dirs, files in os.walk(binding_dir):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not d.startswith("."))
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not d.startswith(".")
+                         and not (root == binding_dir and d in NOT_BUNDLED_DIRS))
         for fn in sorted(files):
             if not fn.endswith(".py") or (root == binding_dir and fn in NOT_BUNDLED):
                 continue
