@@ -191,12 +191,17 @@ def test_lse_op_rows_under_compile_and_in_a_graph():
 
 # ---- the C++ operators (runtime/torch/ops.cpp) against the ctypes path ------------------------------
 
-def test_the_cpp_operators_serve_here():
-    """The GPU machine builds libmlagen_torch.so against its torch (make build): decode() and
-    torch.ops.mlagen.* run through it, not the Python registration."""
+def test_the_registration_follows_the_build():
+    """Where libmlagen_torch.so is built (CMake MLAGEN_TORCH_OP=ON, against this torch) decode() and
+    torch.ops.mlagen.* run through it; where it is not (the default: it segfaulted here with torch
+    2.11, CMakeLists.txt), the Python registration serves and decode() takes the ctypes path."""
+    import os
     from mlagen import ops
-    assert ops.REGISTRATION == "native", f"the Python registration serves: {ops.native_path()} (see the warning)"
-    assert mlagen._native is not None
+    if os.path.exists(ops.native_path()):
+        assert ops.REGISTRATION == "native", f"the Python registration serves: {ops.native_path()} (see the warning)"
+        assert mlagen._native is not None
+    else:
+        assert ops.REGISTRATION == "python" and mlagen._native is None
 
 
 def _paths_case(case, seed):

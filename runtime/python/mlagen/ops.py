@@ -205,8 +205,10 @@ def _register():
             torch.ops.mlagen._mlagen_registration = done = "native"
             torch.ops.mlagen._mlagen_native_path = native_path()
         else:
-            _lib.warn(f"{why}; torch.ops.mlagen.decode / decode_lse are registered from Python instead "
-                      "(the same schema, a slower call)")
+            # not built is the default (CMake MLAGEN_TORCH_OP=OFF): quiet; anything else is said once
+            if os.environ.get("MLAGEN_TORCH_LIBRARY") is not None or os.path.exists(native_path()):
+                _lib.warn(f"{why}; torch.ops.mlagen.decode / decode_lse are registered from Python instead "
+                          "(the same schema, a slower call)")
             _register_python()
             torch.ops.mlagen._mlagen_registration = done = "python"
     REGISTRATION = done
