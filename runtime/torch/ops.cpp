@@ -54,6 +54,7 @@ namespace {
 
 // ---- errors -----------------------------------------------------------------------------------
 
+// mlagen_status_name's table, kept here: raise() also reports that the library itself did not load.
 const char* status_name(mlagen_status s) {
   switch (s) {
     case MLAGEN_OK: return "MLAGEN_OK";
