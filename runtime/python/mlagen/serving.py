@@ -45,13 +45,23 @@ from __future__ import annotations
 
 import ctypes
 
-from . import _facts, _launch, _torch, lib, prepare, MlagenError, NUM_HEADS, MAX_Q_LEN
+from . import _launch, lib, prepare, MlagenError, NUM_HEADS, MAX_Q_LEN
 
 __all__ = ["MLADecoder", "KV_CACHE_DTYPES", "BLOCK_SIZES", "qo_indptr"]
 
-QK, DV = _facts.QK_DIM, _facts.V_DIM
+QK, DV = 576, 512
 KV_CACHE_DTYPES = ("bf16", "fp8")
-BLOCK_SIZES = _facts.PAGE_SIZES  # every power of two 1..256: the kernels' page sizes
+BLOCK_SIZES = tuple(1 << i for i in range(9))  # every power of two 1..256: the kernels' page sizes
+
+_torch_mod = None
+
+
+def _torch():
+    global _torch_mod
+    if _torch_mod is None:
+        import torch
+        _torch_mod = torch
+    return _torch_mod
 
 
 _fp8 = None
@@ -199,7 +209,7 @@ class MLADecoder:
     # ---- the per-call path ------------------------------------------------------------------
     def _join(self, q):
         """(q_nope, q_pe) -> one (T, H, 576) buffer (kept per T, dtype, device and launch target)."""
-        torch = _torch()
+        torch = _torch_mod
         nope, pe = q
         dev = nope.get_device()
         key = (nope.shape[0], nope.dtype, dev, _launch.handle(dev))
@@ -221,7 +231,7 @@ class MLADecoder:
         p = self._plans.get(key)
         if p is None:
             p = self._plan_for(key, q, kv_cache, block_table, seq_lens, q_scale, k_scale)
-        torch = _torch()
+        torch = _torch_mod
         if out is None:
             out = torch.empty(p.out_shape, dtype=torch.bfloat16, device=p.device)
         elif out.shape != p.out_shape or out.dtype != torch.bfloat16 or not out.is_contiguous():
