@@ -163,3 +163,19 @@ def test_library_links_no_gpu_runtime_and_ubuntu_2404_glibc(which, request):
     assert not [v for v in versions if not v.startswith("GLIBC_")], f"{which}: needs {versions}"
     newest = max(tuple(int(x) for x in v[6:].split(".")) for v in versions)
     assert newest <= UBUNTU_2404_GLIBC, f"{which}: needs GLIBC {newest}, Ubuntu 24.04 has 2.39"
+
+
+@pytest.mark.parametrize("which", ["gfx950 bundle", "sm90a"])
+def test_library_exports_only_its_c_abi(which, request):
+    """The statically linked libstdc++ stays private (CMakeLists.txt: --exclude-libs, a version
+    script): an exported std:: symbol would be bound across copies in a process that also loads the
+    system's libstdc++ (torch), one copy's locale facets and stream state used by the other's code."""
+    path = request.getfixturevalue("gfx950_library") if which == "gfx950 bundle" else SM90A
+    if not os.path.exists(path):
+        pytest.skip(f"{path} not built")
+    out = subprocess.run(["readelf", "--dyn-syms", "-W", path], capture_output=True, text=True, check=True).stdout
+    defined = [f[7] for f in (line.split() for line in out.splitlines())
+               if len(f) >= 8 and f[6] != "UND" and f[4] in ("GLOBAL", "WEAK") and f[3] in ("FUNC", "OBJECT")]
+    assert any(n.startswith("mlagen_run") for n in defined), f"{which}: mlagen_run not exported: {defined[:10]}"
+    foreign = [n for n in defined if not n.startswith("mlagen_")]
+    assert not foreign, f"{which}: exports {len(foreign)} symbols beyond the C ABI, e.g. {foreign[:5]}"

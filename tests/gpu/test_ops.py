@@ -192,9 +192,9 @@ def test_lse_op_rows_under_compile_and_in_a_graph():
 # ---- the C++ operators (runtime/torch/ops.cpp) against the ctypes path ------------------------------
 
 def test_the_registration_follows_the_build():
-    """Where libmlagen_torch.so is built (CMake MLAGEN_TORCH_OP=ON, against this torch) decode() and
-    torch.ops.mlagen.* run through it; where it is not (the default: it segfaulted here with torch
-    2.11, CMakeLists.txt), the Python registration serves and decode() takes the ctypes path."""
+    """Where libmlagen_torch.so is built (CMake MLAGEN_TORCH_OP, on by default, against this torch)
+    decode() and torch.ops.mlagen.* run through it; where it is not, the Python registration serves
+    and decode() takes the ctypes path."""
     import os
     from mlagen import ops
     if os.path.exists(ops.native_path()):
@@ -202,6 +202,29 @@ def test_the_registration_follows_the_build():
         assert mlagen._native is not None
     else:
         assert ops.REGISTRATION == "python" and mlagen._native is None
+
+
+def test_the_operator_object_shares_torchs_libstdcxx():
+    """libmlagen_torch.so passes C++ objects to torch (streams, strings, exceptions), so it must run
+    on the libstdc++ torch runs on: NEEDED libstdc++.so.6 and no std:: definition exported. On the
+    H200's image g++ found only libstdc++.a; the object carried its own copy (4072 std:: symbols
+    exported) and crashed in c10's stream insertion (CMakeLists.txt links torch's libstdc++ file)."""
+    import os
+    import re
+    import subprocess
+    from mlagen import ops
+    path = ops.native_path()
+    if not os.path.exists(path):
+        pytest.skip(f"{path} not built (-DMLAGEN_TORCH_OP=OFF or no torch at configure time)")
+    dyn = subprocess.run(["readelf", "-d", path], capture_output=True, text=True, check=True).stdout
+    needed = re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", dyn)
+    assert "libstdc++.so.6" in needed, f"{path}: NEEDED {needed}: libstdc++ linked in, not torch's"
+    syms = subprocess.run(["readelf", "--dyn-syms", "-W", path], capture_output=True, text=True, check=True).stdout
+    std = [f[7] for f in (line.split() for line in syms.splitlines())
+           if len(f) >= 8 and f[6] != "UND" and f[7].startswith(("_ZNSt", "_ZNKSt", "_ZSt", "_ZNSs", "_ZNKSs"))
+           and f[4] != "LOCAL"]
+    # inline template instantiations of the headers may be exported weak; a linked-in copy exports thousands
+    assert len(std) < 200, f"{path}: exports {len(std)} std:: definitions, e.g. {std[:5]}"
 
 
 def _paths_case(case, seed):
