@@ -636,7 +636,10 @@ MLAGEN_TORCH_API void mlagen_torch_set_library(const char* path) {
 
 // The plan of the most recent call (an mlagen_plan_t* for mlagen_plan_info; plans live as long as
 // the process), or NULL; `plan` replaces it (the binding's own calls: NULL).
-MLAGEN_TORCH_API const void* mlagen_torch_last_plan(void) { return g_last.load(std::memory_order_relaxed); }
+MLAGEN_TORCH_API const void* mlagen_torch_last_plan(void) {
+  const Plan* p = g_last.load(std::memory_order_relaxed);
+  return p ? p->handle : nullptr;  // the library's plan, not this object's wrapper around it
+}
 MLAGEN_TORCH_API void mlagen_torch_forget_last(void) { g_last.store(nullptr, std::memory_order_relaxed); }
 MLAGEN_TORCH_API int64_t mlagen_torch_num_plans(void) {
   std::lock_guard<std::mutex> lock(g_plans_mutex);
