@@ -697,3 +697,121 @@ TORCH_LIBRARY_IMPL(mlagen, Meta, m) {
   m.impl("decode", &decode_meta);
   m.impl("decode_lse", &decode_lse_meta);
 }
+
+// ---- the binding's per-call entry (CPython) -------------------------------------------------------
+// mlagen.decode's common case and the serving decoder call the CUDA path above through this one
+// CPython function: torch.ops' argument parsing against the schema and the dispatcher cost more host
+// time than the whole launch (bench/host.py). It takes the operator's arguments positionally, then the
+// LSE flag, and answers NotImplemented (the caller then calls torch.ops.mlagen.*) wherever the
+// dispatcher has a part to play: a tensor subclass (FakeTensor, FunctionalTensor), a dispatch mode,
+// RecordFunction callbacks (the profiler), a tensor that requires grad.
+#if MLAGEN_TORCH_PYTHON
+#include <Python.h>
+#include <ATen/record_function.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+namespace {
+
+constexpr Py_ssize_t kFastArgs = 17;  // the operator's 16, then the LSE flag
+
+// A tensor argument: true with *t set (nullptr for None where optional); false: not a plain tensor.
+bool fast_tensor(PyObject* o, const at::Tensor** t, bool optional) {
+  if (o == Py_None && optional) {
+    *t = nullptr;
+    return true;
+  }
+  if (!THPVariable_CheckExact(o)) return false;
+  *t = &THPVariable_Unpack(o);
+  return !(*t)->requires_grad();
+}
+
+bool fast_int(PyObject* o, int64_t* v) {
+  if (!PyLong_CheckExact(o)) return false;
+  *v = PyLong_AsLongLong(o);
+  return !(*v == -1 && PyErr_Occurred());
+}
+
+bool fast_text(PyObject* o, c10::string_view* v) {
+  if (!PyUnicode_CheckExact(o)) return false;
+  Py_ssize_t n = 0;
+  const char* s = PyUnicode_AsUTF8AndSize(o, &n);
+  if (!s) return false;
+  *v = c10::string_view(s, static_cast<size_t>(n));
+  return true;
+}
+
+PyObject* fast_decode(PyObject*, PyObject* const* args, Py_ssize_t n) {
+  HANDLE_TH_ERRORS
+  if (n != kFastArgs) {
+    PyErr_Format(PyExc_TypeError, "mlagen fast decode: %zd arguments, expected %zd", n, kFastArgs);
+    return nullptr;
+  }
+  if (c10::impl::TorchDispatchModeTLS::stack_len() > 0 || at::hasCallbacks()) Py_RETURN_NOTIMPLEMENTED;
+  const at::Tensor *q, *kv, *kv_scale, *qo, *kvp, *q_scale, *table, *lens, *indices, *last;
+  c10::string_view kv_format, q_dtype;
+  int64_t kv_seq_len = 0, q_len = 0, page_size = 0;
+  double sm_scale = PyFloat_AsDouble(args[8]);
+  if (sm_scale == -1.0 && PyErr_Occurred()) {
+    PyErr_Clear();
+    Py_RETURN_NOTIMPLEMENTED;
+  }
+  const bool ok = fast_tensor(args[0], &q, false) && fast_tensor(args[1], &kv, false) &&
+                  fast_tensor(args[2], &kv_scale, true) && fast_tensor(args[3], &qo, false) &&
+                  fast_tensor(args[4], &kvp, true) && fast_text(args[5], &kv_format) && fast_text(args[6], &q_dtype) &&
+                  fast_int(args[7], &kv_seq_len) && fast_tensor(args[9], &q_scale, true) && fast_int(args[10], &q_len) &&
+                  fast_tensor(args[11], &table, true) && fast_tensor(args[12], &lens, true) &&
+                  fast_int(args[13], &page_size) && fast_tensor(args[14], &indices, true) &&
+                  fast_tensor(args[15], &last, true);
+  if (!ok) {
+    PyErr_Clear();
+    Py_RETURN_NOTIMPLEMENTED;  // the operator's own parsing names what is wrong
+  }
+  const bool lse = PyObject_IsTrue(args[16]) == 1;
+  Call c{};
+  c.t[kQ] = q;
+  c.t[kKv] = kv;
+  c.t[kKvScale] = kv_scale;
+  c.t[kQo] = qo;
+  c.t[kKvIndptr] = kvp;
+  c.t[kQScale] = q_scale;
+  c.t[kPageTable] = table;
+  c.t[kKvLens] = lens;
+  c.t[kKvIndices] = indices;
+  c.t[kLastPage] = last;
+  c.kv_format = kv_format_of(kv_format);
+  c.q_fp8 = q_fp8_of(q_dtype);
+  c.kv_seq_len = kv_seq_len;
+  c.q_len = q_len;
+  c.page_size = page_size;
+  c.sm_scale = sm_scale;
+  c.lse = lse;
+  if (q->device().type() != c10::DeviceType::CUDA) Py_RETURN_NOTIMPLEMENTED;  // the dispatcher's error
+  std::tuple<at::Tensor, at::Tensor> res;
+  {
+    pybind11::gil_scoped_release no_gil;  // as the operators run: another thread may call meanwhile
+    res = run(c);
+  }
+  PyObject* out = THPVariable_Wrap(std::move(std::get<0>(res)));
+  if (!lse || !out) return out;
+  PyObject* l = THPVariable_Wrap(std::move(std::get<1>(res)));
+  if (!l) {
+    Py_DECREF(out);
+    return nullptr;
+  }
+  PyObject* pair = PyTuple_Pack(2, out, l);
+  Py_DECREF(out);
+  Py_DECREF(l);
+  return pair;
+  END_HANDLE_TH_ERRORS
+}
+
+PyMethodDef g_fast_def = {"decode", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(fast_decode)),
+                          METH_FASTCALL, "mlagen's per-call decode entry (ops.cpp)"};
+
+}  // namespace
+
+// The per-call entry as a Python callable (a new reference; call with the GIL held: ctypes.PyDLL).
+MLAGEN_TORCH_API PyObject* mlagen_torch_fast_entry(void) { return PyCFunction_New(&g_fast_def, nullptr); }
+#endif

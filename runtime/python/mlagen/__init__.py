@@ -358,7 +358,8 @@ def _native_call(q, kv_data, qo_indptr, kv_indptr, config, kv_format, q_dtype, q
             raise MlagenError(1, f"config['num_heads']={heads}: expected {q.shape[1]} (q's heads)")
         n = q_len if q_len is not None else config_q_len
         if paged is None:
-            args = (q, kv, kv_scale, qo_indptr, kv_indptr, kv_format, q_dtype, kv_len, sm_scale, q_scale, n or 0)
+            args = (q, kv, kv_scale, qo_indptr, kv_indptr, kv_format, q_dtype, kv_len, sm_scale, q_scale, n or 0,
+                    None, None, 0, None, None)
         else:
             page_table, kv_lens, page_size, kv_indices, kv_last_page_len = paged
             args = (q, kv, kv_scale, qo_indptr, kv_indptr, kv_format, q_dtype, kv_len, sm_scale, q_scale, n or 0,
@@ -366,6 +367,11 @@ def _native_call(q, kv_data, qo_indptr, kv_indptr, config, kv_format, q_dtype, q
     except (TypeError, AttributeError, KeyError, IndexError, ValueError):
         return None
     try:
+        fast = _native.fast
+        if fast is not None:
+            res = fast(*args, return_lse)
+            if res is not NotImplemented:
+                return res
         return (_native.decode_lse if return_lse else _native.decode)(*args)
     except RuntimeError as e:
         text = str(e)

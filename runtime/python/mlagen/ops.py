@@ -94,6 +94,13 @@ class _Native:
         self.num_plans = h.mlagen_torch_num_plans
         self.decode = getattr(torch.ops.mlagen.decode.default, "_op", torch.ops.mlagen.decode.default)
         self.decode_lse = getattr(torch.ops.mlagen.decode_lse.default, "_op", torch.ops.mlagen.decode_lse.default)
+        # the per-call entry (ops.cpp, built where the configuring Python had its headers): the
+        # operators' arguments and the LSE flag; NotImplemented where the dispatcher must see the call
+        self.fast = None
+        if hasattr(h, "mlagen_torch_fast_entry"):
+            entry = ctypes.PyDLL(path).mlagen_torch_fast_entry  # PyDLL: called with the GIL held
+            entry.restype, entry.argtypes = ctypes.py_object, []
+            self.fast = entry()
         self._infos: dict = {}
 
     def last_kernel(self) -> dict | None:

@@ -44,16 +44,18 @@ one eager forward, or qo_indptr(batch, q_len, device) (vLLM's metadata builder c
 from __future__ import annotations
 
 import ctypes
+import sys
 
-from . import _launch, lib, prepare, MlagenError, NUM_HEADS, MAX_Q_LEN
+from . import _facts, _launch, lib, prepare, MlagenError, NUM_HEADS, MAX_Q_LEN
 
 __all__ = ["MLADecoder", "KV_CACHE_DTYPES", "BLOCK_SIZES", "qo_indptr"]
 
-QK, DV = 576, 512
+QK, DV = _facts.QK_DIM, _facts.V_DIM
 KV_CACHE_DTYPES = ("bf16", "fp8")
-BLOCK_SIZES = tuple(1 << i for i in range(9))  # every power of two 1..256: the kernels' page sizes
+BLOCK_SIZES = _facts.PAGE_SIZES  # every power of two 1..256: the kernels' page sizes
 
 _torch_mod = None
+_package = sys.modules[__package__]  # the mlagen package: its _native (the C++ operators) is set at import
 
 
 def _torch():
@@ -102,14 +104,16 @@ def qo_indptr(batch: int, q_len: int, device):
 
 
 class _Planned:
-    """One batch shape's mlagen Plan with what forward passes it per call."""
-    __slots__ = ("plan", "qo", "device", "device_index", "out_shape", "lse_shape")
+    """One batch shape's mlagen Plan with what forward passes it per call: `fast`, the C++ per-call
+    entry's arguments past the call's tensors (mlagen.ops; None: Plan.run through ctypes)."""
+    __slots__ = ("plan", "qo", "device", "device_index", "out_shape", "lse_shape", "fast")
 
-    def __init__(self, plan, qo, lse: bool):
+    def __init__(self, plan, qo, lse: bool, fast=None):
         self.plan, self.qo = plan, qo
         self.device, self.device_index = plan.device, plan.device_index
         self.out_shape = plan.out_shape
         self.lse_shape = plan.out_shape[:2] if lse else None
+        self.fast = fast
 
 
 class MLADecoder:
@@ -203,7 +207,12 @@ class MLADecoder:
         plan = prepare(q, kv, k_scale, qo, None, config, kv_format=self.kv_cache_dtype, q_dtype=self.q_dtype,
                        q_scale=q_scale, page_size=self.block_size, page_table=block_table, kv_lens=seq_lens,
                        return_lse=self.return_lse, q_len=q_len)
-        planned = self._plans[key] = _Planned(plan, qo, self.return_lse)
+        # the C++ per-call entry where it is loaded, for a cache that needs no view (an fp8 cache stored
+        # as uint8 keeps Plan.run): the same plan made again on its side, its output new each call
+        fast = None
+        if _package._native is not None and _package._native.fast is not None and kv is kv_cache:
+            fast = (self.kv_cache_dtype, self.q_dtype, 0, self.sm_scale, q_len, self.block_size, self.return_lse)
+        planned = self._plans[key] = _Planned(plan, qo, self.return_lse, fast)
         return planned
 
     # ---- the per-call path ------------------------------------------------------------------
@@ -231,6 +240,12 @@ class MLADecoder:
         p = self._plans.get(key)
         if p is None:
             p = self._plan_for(key, q, kv_cache, block_table, seq_lens, q_scale, k_scale)
+        f = p.fast
+        if f is not None and out is None and lse is None:
+            res = _package._native.fast(q, kv_cache, k_scale, p.qo, None, f[0], f[1], f[2], f[3], q_scale, f[4],
+                                        block_table, seq_lens, f[5], None, None, f[6])
+            if res is not NotImplemented:
+                return res if f[6] else (res, None)
         torch = _torch_mod
         if out is None:
             out = torch.empty(p.out_shape, dtype=torch.bfloat16, device=p.device)

@@ -71,7 +71,7 @@ class MlagenMLABackend(MLACommonBackend):
 
     @classmethod
     def get_supported_head_sizes(cls) -> list[int]:
-        return [576]  # kv_lora_rank 512 + qk_rope_head_dim 64
+        return [serving.QK]  # kv_lora_rank 512 + qk_rope_head_dim 64
 
     @classmethod
     def supports_compute_capability(cls, capability) -> bool:
@@ -142,7 +142,7 @@ class MlagenMLAImpl(MLACommonImpl[MLACommonMetadata]):
             raise NotImplementedError("mlagen MLA: alibi_slopes, sliding_window and logits_soft_cap are not supported")
         if attn_type != AttentionType.DECODER:
             raise NotImplementedError(f"mlagen MLA: attention type {attn_type}: only decoder self-attention")
-        if (self.kv_lora_rank, self.qk_rope_head_dim) != (512, 64):
+        if (self.kv_lora_rank, self.qk_rope_head_dim) != (serving.DV, serving.QK - serving.DV):
             raise NotImplementedError(f"mlagen MLA: kv_lora_rank {self.kv_lora_rank}, qk_rope_head_dim "
                                       f"{self.qk_rope_head_dim}: expected 512 and 64 (DeepSeek-V2/V3's latent)")
         if kv_cache_dtype in _FP8_CACHE:
