@@ -103,17 +103,21 @@ def qo_indptr(batch: int, q_len: int, device):
     return t
 
 
-class _Planned:
-    """One batch shape's mlagen Plan with what forward passes it per call: `fast`, the C++ per-call
-    entry's arguments past the call's tensors (mlagen.ops; None: Plan.run through ctypes)."""
-    __slots__ = ("plan", "qo", "device", "device_index", "out_shape", "lse_shape", "fast")
+def _fast_key(q, kv_cache, block_table, seq_lens, q_scale, k_scale):
+    """What MLADecoder._plan_for checks of a call, strides excepted (forward() builds it inline)."""
+    return (q.shape, q.dtype, q.get_device(), kv_cache.shape, kv_cache.dtype, block_table.shape, seq_lens.shape,
+            q_scale is None, k_scale is None)
 
-    def __init__(self, plan, qo, lse: bool, fast=None):
+
+class _Planned:
+    """One batch shape's mlagen Plan with what forward passes it per call."""
+    __slots__ = ("plan", "qo", "device", "device_index", "out_shape", "lse_shape")
+
+    def __init__(self, plan, qo, lse: bool):
         self.plan, self.qo = plan, qo
         self.device, self.device_index = plan.device, plan.device_index
         self.out_shape = plan.out_shape
         self.lse_shape = plan.out_shape[:2] if lse else None
-        self.fast = fast
 
 
 class MLADecoder:
@@ -145,6 +149,7 @@ class MLADecoder:
         self.sm_scale, self.q_dtype, self.max_q_len, self.return_lse = sm_scale, q_dtype, max_q_len, return_lse
         self._plans: dict = {}   # per-call key (see _key) -> _Planned
         self._qbuf: dict = {}    # (T, dtype, device index, launch target) -> (T, H, 576) buffer, split q
+        self._fast: dict = {}    # _fast_key -> the C++ per-call entry's arguments (see _plan_for)
 
     # ---- planning ---------------------------------------------------------------------------
     def plan(self, batch: int, max_blocks: int, num_blocks: int, q_len: int = 1, *, device=None,
@@ -207,12 +212,14 @@ class MLADecoder:
         plan = prepare(q, kv, k_scale, qo, None, config, kv_format=self.kv_cache_dtype, q_dtype=self.q_dtype,
                        q_scale=q_scale, page_size=self.block_size, page_table=block_table, kv_lens=seq_lens,
                        return_lse=self.return_lse, q_len=q_len)
+        planned = self._plans[key] = _Planned(plan, qo, self.return_lse)
         # the C++ per-call entry where it is loaded, for a cache that needs no view (an fp8 cache stored
-        # as uint8 keeps Plan.run): the same plan made again on its side, its output new each call
-        fast = None
+        # as uint8 keeps Plan.run): what forward passes it past the call's tensors, under a key of what
+        # this method checked (shapes, dtypes, device, scales present); the strides are the entry's to
+        # check (its own plan a layout), its output new each call
         if _package._native is not None and _package._native.fast is not None and kv is kv_cache:
-            fast = (self.kv_cache_dtype, self.q_dtype, 0, self.sm_scale, q_len, self.block_size, self.return_lse)
-        planned = self._plans[key] = _Planned(plan, qo, self.return_lse, fast)
+            self._fast[_fast_key(q, kv_cache, block_table, seq_lens, q_scale, k_scale)] = (
+                qo, self.kv_cache_dtype, self.q_dtype, self.sm_scale, q_len, self.block_size, self.return_lse)
         return planned
 
     # ---- the per-call path ------------------------------------------------------------------
@@ -234,18 +241,20 @@ class MLADecoder:
         out / lse: contiguous tensors of those shapes to write into (else new ones)."""
         if q.__class__ is tuple or q.__class__ is list:
             q = self._join(q)
+        if out is None and lse is None:
+            f = self._fast.get((q.shape, q.dtype, q.get_device(), kv_cache.shape, kv_cache.dtype, block_table.shape,
+                                seq_lens.shape, q_scale is None, k_scale is None))  # _fast_key's, inline
+            if f is not None:
+                res = _package._native.fast(q, kv_cache, k_scale, f[0], None, f[1], f[2], 0, f[3], q_scale, f[4],
+                                            block_table, seq_lens, f[5], None, None, f[6])
+                if res is not NotImplemented:
+                    return res if f[6] else (res, None)
         key = (q.shape, q.stride(), q.dtype, q.get_device(), kv_cache.shape, kv_cache.stride(), kv_cache.dtype,
                block_table.shape, block_table.stride(), block_table.dtype, seq_lens.shape, seq_lens.dtype,
                q_scale is None, k_scale is None)
         p = self._plans.get(key)
         if p is None:
             p = self._plan_for(key, q, kv_cache, block_table, seq_lens, q_scale, k_scale)
-        f = p.fast
-        if f is not None and out is None and lse is None:
-            res = _package._native.fast(q, kv_cache, k_scale, p.qo, None, f[0], f[1], f[2], f[3], q_scale, f[4],
-                                        block_table, seq_lens, f[5], None, None, f[6])
-            if res is not NotImplemented:
-                return res if f[6] else (res, None)
         torch = _torch_mod
         if out is None:
             out = torch.empty(p.out_shape, dtype=torch.bfloat16, device=p.device)
