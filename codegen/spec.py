@@ -98,7 +98,7 @@ ROWS_BODY_BLOCK_MS = (32, 64)  # 32: heads x q_len of 32 (32 heads, or 16 heads 
 # block_m x 64 f16): 64 rows as many as fit; 32 rows 4 with a bf16 q (5 fit; 5 measured 159.8
 # against 157.3 us with 4, in a build whose wgmmas ptxas had serialized: no measured gain), 5 with
 # an fp8 q. bf16 KV (72 KB stages, Q block_m x 1152 bytes of bf16 for either q): 2, all that fits
-# (64 rows: 144 + 72 KB of Q + one 8 KB P slot = 224 KB; 32 rows: 144 + 36 + two 4 KB slots).
+# (64 rows: 144 + 72 KB of Q = 216 KB; each tile's P^T goes into its own rope atom, 219 KB in all).
 ROWS_BODY = {("sm90a", "fp8e4m3fn"): dict(block_n=WARPGROUP_BLOCK_N, stage_kb=36,
                                           stages={(64, "bf16"): 3, (64, "fp8"): 4, (32, "bf16"): 4, (32, "fp8"): 5}),
              ("sm90a", "bf16"): dict(block_n=WARPGROUP_BLOCK_N, stage_kb=72,

@@ -25,13 +25,12 @@
 // boxes, q's staging, the S^T chain, P's type, the O^T step, the dims a thread's O values are);
 // bf16 KV (RowsKv<kBf16>) keeps the tile as stored, 72 KB a stage: S^T in bf16 wgmma m64nRk16
 // (A = the tile, B = q as bf16, N = R), P^T bf16, O^T += V^T P^T with A = V^T read from the same
-// tile through the descriptor's transpose bit (no conversion, no register A); 2 stages, and at 64
-// rows one P slot (group 0 computes S(i + 1) and its softmax while O(i) runs, and writes P(i + 1)
-// once O(i) is done).
+// tile through the descriptor's transpose bit (no conversion, no register A); 2 stages, each
+// tile's P^T in its own rope atom (free once S read it) instead of P slots of its own.
 //
 // Handoff through mbarriers: full[slot] (group 0 wrote tile i's P and factors) and empty[slot]
-// (the O groups are done with tile i and its P slot); tile i uses slot i % PS, phase i / PS (PS =
-// the layout's P slots, 2 or 1). Group 0 waits for O(i - PS) before it writes tile i's P slot. The O groups hold one ring slot,
+// (the O groups are done with tile i and its P slot); tile i uses slot i % 2, phase i / 2.
+// Group 0 waits for O(i - 2) before it writes tile i's P slot (P in the tile: no wait, see there). The O groups hold one ring slot,
 // so the stages are as many as fit beside Q (spec.ROWS_BODY).
 // Lazy rescale: a row keeps its base while no score passes it by 2^8; the test compares the
 // scores themselves, so the rows' maxima (shuffles, and the exchange between the 4 warps) are
@@ -77,10 +76,11 @@ struct RowsKv<KvFormat::kFp8, kStages> {
   using Tile = WgLayout<kStages, KvFormat::kFp8>;
   static constexpr int kQRowBytes = kQkDim;  // q staged as e4m3
   static constexpr bool q_split(QFormat q) { return q == QFormat::kBf16; }
-  static constexpr int p_slots(int) { return 2; }
-  static constexpr bool kLInRed = false;  // the final sums have their own array
+  static constexpr bool kPInTile = false;  // P^T has two slots of its own
+  static constexpr uint32_t kPTileOffset = 0, kPTileBytes = 0;
   // what one O group brings: two atoms (its V dims) and one rope box (half the rows)
   static constexpr uint32_t kGroupBytes = 2 * Tile::kAtom128Bytes + KvMapsAbi::kRopeBoxRows * KvMapsAbi::kRopeBoxBytes;
+  MLAGEN_DEVICE static constexpr uint32_t group_bytes(int) { return kGroupBytes; }
   static_assert(2 * kGroupBytes == Tile::kStageBytes && KvMapsAbi::kMainBoxRows == Tile::kBlockN &&
                     2 * KvMapsAbi::kRopeBoxRows == Tile::kBlockN,
                 "a tile's boxes");
@@ -102,9 +102,10 @@ struct RowsKv<KvFormat::kFp8, kStages> {
       sm90::tma_load_2d(dst + Tile::kRopeOffset + rope0 * KvMapsAbi::kRopeBoxBytes, &maps.rope, 512, y + rope0, bar);
     }
     // row by row (cp.async), zero-filled past rows_left: chunk wt % 8 of rows wt / 8 + 16 i, rope
-    // chunk wt % 4 of row 32 oc + wt / 4
-    template <class Rows>
-    MLAGEN_DEVICE void rows(uint32_t dst, const Params& p, const Rows& kv, int tok0, int rows_left, bool& page_bad) const {
+    // chunk wt % 4 of row 32 oc + wt / 4 (the slot's P is not in the tile: no wait_p)
+    template <class Rows, class WaitP>
+    MLAGEN_DEVICE void rows(uint32_t dst, const Params& p, const Rows& kv, int tok0, int rows_left, bool& page_bad,
+                            WaitP&&) const {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int r = rm + 16 * i;
@@ -217,19 +218,23 @@ struct RowsKv<KvFormat::kFp8, kStages> {
 // q as bf16, N = R: a bf16 q is exact, an fp8 q too), P^T bf16, O^T += V^T P^T with A = V^T read
 // M-major from the same tile (the descriptor's transpose bit: no copy, no register). A thread's O
 // values of a row are dims 256 oc + 64 mb + 16 w + g + 8 hh (the wgmma's M rows of block mb).
-// Shared memory at 64 rows: 2 stages (144 KB) + q (72 KB) + one P slot (8 KB) = 224 KB, the final
-// sums in the maxima's array: the ~3 KB left hold the rest. At 32 rows two P slots fit.
+// Shared memory at 64 rows: 2 stages (144 KB) + q (72 KB) leave no room for P slots of their own
+// beside the rest: tile i's P^T goes into tile i's rope atom, which only S(i) reads. Group 0 writes
+// it once S(i) is done; the O groups read it in O(i); the rope rows of tile i + 2 go into that atom
+// only once both O groups are done with O(i) (Copy's wait_p: the slot's empty barrier). 219 KB.
 template <int kStages>
 struct RowsKv<KvFormat::kBf16, kStages> {
   using Tile = WgBf16Layout<kStages>;
   static constexpr int kQRowBytes = 2 * kQkDim;  // q staged as bf16
   static constexpr bool q_split(QFormat) { return false; }
-  static constexpr int p_slots(int rows) { return rows == 64 ? 1 : 2; }
-  static constexpr bool kLInRed = true;
-  static constexpr int kVAtom0 = 0, kRopeAtom = Tile::kAtoms - 1;  // atoms 0..7: V; atom 8: the rope dims
-  // what one O group brings: its four V atoms and half the rope atom's rows
-  static constexpr uint32_t kGroupBytes = 4 * Tile::kAtomBytes + KvMapsAbi::kRopeBoxRows * KvMapsAbi::kRopeBoxBytesBf16;
-  static_assert(2 * kGroupBytes == Tile::kStageBytes && KvMapsAbi::kMainBoxRows == Tile::kBlockN &&
+  static constexpr int kRopeAtom = Tile::kAtoms - 1;  // atoms 0..7: V; atom 8: the rope dims
+  static constexpr bool kPInTile = true;  // a tile's P^T: in its rope atom, from S's end to O's
+  static constexpr uint32_t kPTileOffset = kRopeAtom * Tile::kAtomBytes, kPTileBytes = Tile::kAtomBytes;
+  // what one O group brings: its four V atoms; group 1 (oc 0) also the rope atom (two boxes of 32 rows)
+  MLAGEN_DEVICE static constexpr uint32_t group_bytes(int oc) {
+    return 4 * Tile::kAtomBytes + (oc == 0 ? 2 * KvMapsAbi::kRopeBoxRows * KvMapsAbi::kRopeBoxBytesBf16 : 0);
+  }
+  static_assert(group_bytes(0) + group_bytes(1) == Tile::kStageBytes && KvMapsAbi::kMainBoxRows == Tile::kBlockN &&
                     2 * KvMapsAbi::kRopeBoxRows == Tile::kBlockN && KvMapsAbi::kMainBoxBytes == 128,
                 "a tile's boxes");
 
@@ -238,16 +243,26 @@ struct RowsKv<KvFormat::kBf16, kStages> {
     uint32_t dst_main;
     MLAGEN_DEVICE Copy(int oc_, int wt)
         : oc(oc_), c8(wt % 8), rm(wt / 8), dst_main((rm / 8) * 1024 + (rm % 8) * 128 + ((c8 ^ (rm % 8)) * 16)) {}
+    // the group's V atoms (one thread)
     MLAGEN_DEVICE void boxes(uint32_t dst, const KvMapsAbi& maps, int y, uint32_t bar) const {
-      const int a0 = 4 * oc, rope0 = KvMapsAbi::kRopeBoxRows * oc;
+      const int a0 = 4 * oc;
 #pragma unroll
       for (int a = a0; a < a0 + 4; ++a) sm90::tma_load_2d(dst + a * Tile::kAtomBytes, &maps.main, 128 * a, y, bar);
-      sm90::tma_load_2d(dst + kRopeAtom * Tile::kAtomBytes + rope0 * 128, &maps.rope, 128 * kRopeAtom, y + rope0, bar);
     }
-    // chunk wt % 8 of rows wt / 8 + 16 i of the group's V atoms, and of rows 32 oc + wt / 8 + 16 i
-    // of the rope atom
-    template <class Rows>
-    MLAGEN_DEVICE void rows(uint32_t dst, const Params& p, const Rows& kv, int tok0, int rows_left, bool& page_bad) const {
+    // group 1's thread 0, once the slot's P is free: the rope atom (its bytes are in group 1's
+    // group_bytes)
+    MLAGEN_DEVICE static void p_boxes(uint32_t dst, const KvMapsAbi& maps, int y, uint32_t bar) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int rope0 = KvMapsAbi::kRopeBoxRows * h;
+        sm90::tma_load_2d(dst + kPTileOffset + rope0 * 128, &maps.rope, 128 * kRopeAtom, y + rope0, bar);
+      }
+    }
+    // chunk wt % 8 of rows wt / 8 + 16 i of the group's V atoms, and (after wait_p) of rows
+    // 32 oc + wt / 8 + 16 i of the rope atom
+    template <class Rows, class WaitP>
+    MLAGEN_DEVICE void rows(uint32_t dst, const Params& p, const Rows& kv, int tok0, int rows_left, bool& page_bad,
+                            WaitP&& wait_p) const {
       const int a0 = 4 * oc;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -257,12 +272,14 @@ struct RowsKv<KvFormat::kBf16, kStages> {
         for (int a = a0; a < a0 + 4; ++a)
           sm90::cp_async_16(dst + dst_main + i * 2048 + a * Tile::kAtomBytes, src ? src + a * 128 + c8 * 16 : p.kv,
                             src != nullptr);
-        if (i < 2) {
-          const int rr = r + 32 * oc;  // (rr % 8 == rm % 8: the same swizzled chunk)
-          const uint8_t* rs = rr < rows_left ? kv.ptr(tok0 + rr, page_bad) : nullptr;
-          sm90::cp_async_16(dst + dst_main + (i + 2 * oc) * 2048 + kRopeAtom * Tile::kAtomBytes,
-                            rs ? rs + 128 * kRopeAtom + c8 * 16 : p.kv, rs != nullptr);
-        }
+      }
+      wait_p();
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int rr = rm + 16 * i + 32 * oc;  // (rr % 8 == rm % 8: the same swizzled chunk)
+        const uint8_t* rs = rr < rows_left ? kv.ptr(tok0 + rr, page_bad) : nullptr;
+        sm90::cp_async_16(dst + dst_main + (i + 2 * oc) * 2048 + kPTileOffset, rs ? rs + 128 * kRopeAtom + c8 * 16 : p.kv,
+                          rs != nullptr);
       }
     }
   };
@@ -344,18 +361,18 @@ struct RowsLayout {
   static constexpr int kSN = kQLo ? 2 * kRows : kRows;  // N of the S^T chain
   static constexpr int kQLbo = 128, kQSbo = F::kQRowBytes / 16 * 128, kQBytes = kSN / 8 * kQSbo;
   static constexpr int kPLbo = 128, kPSbo = kBlockN / 8 * 128, kPBytes = kRows / 8 * kPSbo;  // one slot
-  // P slots: with two, group 0 writes tile i's P while the O groups read tile i - 1's
-  static constexpr int kPSlots = F::p_slots(kRows);
+  // Two P slots (group 0 writes tile i's P while the O groups read tile i - 1's): of their own, or
+  // (F::kPInTile) each tile's own, in its stage (F::kPTileOffset)
+  static constexpr int kPSlots = 2;
+  static_assert(!F::kPInTile || (kStages == kPSlots && kPBytes <= F::kPTileBytes), "P in the tile: a slot a stage");
   static constexpr int kQOffset = kStages * Tile::kStageBytes;
-  static constexpr int kPOffset = kQOffset + kQBytes;                 // [kPSlots] P^T slots
-  static constexpr int kAlphaOffset = kPOffset + kPSlots * kPBytes;   // [kPSlots][64] rescale factors
+  static constexpr int kPOffset = kQOffset + kQBytes;                 // [2] P^T slots (or none)
+  static constexpr int kAlphaOffset = kPOffset + (F::kPInTile ? 0 : kPSlots * kPBytes);  // [2][64] rescale factors
   static constexpr int kRedOffset = kAlphaOffset + kPSlots * kRows * 4;  // [4 warps][64] maxima / sums
   static constexpr int kColOffset = kRedOffset + 4 * kRows * 4;       // [64] S factors (1 / c x s_scale)
   static constexpr int kEndOffset = kColOffset + kRows * 4;           // [64] causal ends
-  // [64] final sums: their own array, or the first row of the sums' exchange (each is written by
-  // the one thread that reads that row's four partial sums)
-  static constexpr int kLOffset = F::kLInRed ? kRedOffset : kEndOffset + kRows * 4;
-  static constexpr int kFlagOffset = kEndOffset + kRows * 4 + (F::kLInRed ? 0 : kRows * 4);  // [2] whether a tile rescaled, [2] a bad page id
+  static constexpr int kLOffset = kEndOffset + kRows * 4;             // [64] final sums
+  static constexpr int kFlagOffset = kLOffset + kRows * 4;            // [2] whether a tile rescaled, [2] a bad page id
   static constexpr int kBarOffset = kFlagOffset + 4 * 4;              // full[2], empty[2], sums_ready, kv[stages]
   static constexpr int kSmemBytes = kBarOffset + (5 + kStages) * 8 + Tile::kAlign;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory over sm_90's 227 KB a block");
@@ -452,16 +469,28 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
     if (j >= ntiles) return;
     const int tok0 = tok_begin + j * BN, rows_left = tok_end - tok0;
     const uint32_t dst = s_base + (j % ST) * Tile::kStageBytes, bar = kv_full(j % ST);
+    // P in the tile (F::kPInTile): the slot's P is free once both O groups are done with tile j - ST
+    auto wait_p = [&] {
+      if (j >= ST) mbarrier_wait(empty(j % ST), ((j - ST) / ST) & 1);
+    };
     if (rows_left >= BN && rows.template tile_contiguous<BN>()) {  // (uniform)
       if (wt == 0) {
         const int y = static_cast<int>(rows.row(tok0, page_bad));
-        mbarrier_arrive_expect_tx(bar, F::kGroupBytes);
+        mbarrier_arrive_expect_tx(bar, F::group_bytes(oc));
         copy.boxes(dst, maps, y, bar);
       } else {
         mbarrier_arrive(bar);
       }
+      if constexpr (F::kPInTile)  // the rope atom: group 1's warp 0 waits (uniform), its thread 0 issues
+        if (oc == 0 && wt < 32) {
+          wait_p();
+          if (wt == 0) {
+            bool unused = false;  // (the row was checked above)
+            F::Copy::p_boxes(dst, maps, static_cast<int>(rows.row(tok0, unused)), bar);
+          }
+        }
     } else {
-      copy.rows(dst, p, rows, tok0, rows_left, page_bad);
+      copy.rows(dst, p, rows, tok0, rows_left, page_bad, wait_p);
       cp_async_mbarrier_arrive_noinc(bar);
     }
   };
@@ -509,12 +538,11 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
       wgmma_commit();
       wgmma_wait<0>();
       wgmma_fence_regs(s);
-      // this tile's P, factors and flag go to slot it % PS: tile it - PS's O must be done with it.
-      // Two slots: long since, as a rule (O(it - 1) ran under this S). One slot: O(it - 1) may
-      // still run; the wait comes after the softmax, the factors wait in registers.
-      if constexpr (PS == 2)
+      // this tile's P, factors and flag go to slot it % 2: tile it - 2's O must be done with it
+      // (long since, as a rule: O(it - 1) ran under this S). P in the tile: its slot is this tile's
+      // own, and tile it landed after O(it - 2) was done (its copies go out then): no wait.
+      if constexpr (!F::kPInTile)
         if (it >= 2) mbarrier_wait(empty(it % 2), ((it - 2) / 2) & 1);
-      float alpha_k[PS == 1 ? NS : 1];  // (one slot: this tile's factors until the slot is free)
 
       const int tok0 = tok_begin + it * BN;
       const bool masked = tok0 + BN > min_end;  // (uniform)
@@ -537,7 +565,7 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
         grow |= fmaxf(s[4 * j + e], s[4 * j + 2 + e]) > m[k] + kLazyLog2;
       }
       grow = named_barrier_or(1, 128, grow);
-      const uint32_t s_pt = s_p + (it % PS) * L::kPBytes;
+      const uint32_t s_pt = F::kPInTile ? tile + F::kPTileOffset : s_p + (it % PS) * L::kPBytes;
       if (grow) {
         float* alpha_t = alpha_x + (it % PS) * R;
         float mx[NS];  // this warp's max of each row over its 16 tokens
@@ -560,15 +588,8 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
           for (int ww = 1; ww < 4; ++ww) tm = fmaxf(tm, red[ww * R + row]);
           const float alpha = online_step<Shape::kRowsEndEarly>(m[k], tm);
           l[k] *= alpha;
-          if constexpr (PS == 1) alpha_k[k] = alpha;
-          else if (w == 0 && g == 0) alpha_t[row] = alpha;
+          if (w == 0 && g == 0) alpha_t[row] = alpha;
         }
-      }
-      if constexpr (PS == 1) {
-        if (it >= 1) mbarrier_wait(empty(0), (it - 1) & 1);  // O(it - 1) is done with the slot
-        if (grow && w == 0 && g == 0)
-#pragma unroll
-          for (int k = 0; k < NS; ++k) alpha_x[wg_column(k, t)] = alpha_k[k];
       }
       if (wt == 0) rescaled[it % PS] = grow;
       // P, and P^T into its slot: the thread's scores of rows 8 j + 2 t + {0, 1} at token
@@ -646,7 +667,8 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
 #pragma unroll
             for (int i = 0; i < 4; ++i) o[mb][4 * j + i] *= (i % 2) ? f.y : f.x;
         }
-      const uint64_t p_desc = wgmma_desc(s_p + (it % PS) * L::kPBytes, L::kPLbo, L::kPSbo);
+      const uint64_t p_desc =
+          wgmma_desc(F::kPInTile ? tile + F::kPTileOffset : s_p + (it % PS) * L::kPBytes, L::kPLbo, L::kPSbo);
       o_step.run(o, tile, p_desc);  // O^T += V^T P^T (F::OStep)
       wgmma_wait<0>();
 #pragma unroll
