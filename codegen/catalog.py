@@ -40,12 +40,13 @@ PAGED_SPECIALIZED = {"sm90a": dict(dtypes=(("bf16", "fp8e4m3fn"), ("bf16", "bf16
 # MTP / speculative verification at TP8). Every other (heads, q_len) is the generic kernel's.
 # (num_heads, q_len) -> ((q dtype, kv dtype) pairs, shapes)
 # Rows of 64 and more (128 and 64 heads, 16 heads x 4 tokens) take the rows body with spec block_m
-# 64, rows of 32 (32 heads, 16 heads x 2 tokens) with block_m 32; the (2, 1000) / (3, 1000) shapes
+# 64, rows of 32 (32 heads, 16 heads x 2 tokens) with block_m 32 (fp8 KV, and bf16 KV with a bf16 q); the (2, 1000) / (3, 1000) shapes
 # are there so that its short last tile and splits run in the tests (tests/gpu/test_rows.py
 # test_rows_body_matches_float64).
-ROWS_SPECIALIZED = {"sm90a": {(128, 1): ((("bf16", "fp8e4m3fn"), ("fp8", "fp8e4m3fn")), ((64, 8192), (128, 4096), (2, 1000))),
-                              (64, 1): ((("bf16", "fp8e4m3fn"), ("fp8", "fp8e4m3fn")), ((64, 8192),)),
-                              (32, 1): ((("bf16", "fp8e4m3fn"), ("fp8", "fp8e4m3fn")), ((64, 8192),)),
+ROWS_SPECIALIZED = {"sm90a": {(128, 1): ((("bf16", "fp8e4m3fn"), ("fp8", "fp8e4m3fn"), ("bf16", "bf16")),
+                                         ((64, 8192), (128, 4096), (2, 1000))),
+                              (64, 1): ((("bf16", "fp8e4m3fn"), ("fp8", "fp8e4m3fn"), ("bf16", "bf16")), ((64, 8192),)),
+                              (32, 1): ((("bf16", "fp8e4m3fn"), ("fp8", "fp8e4m3fn"), ("bf16", "bf16")), ((64, 8192),)),
                               (16, 2): ((("bf16", "fp8e4m3fn"), ("fp8", "fp8e4m3fn")), ((32, 8192), (64, 8192), (256, 8192), (3, 1000))),
                               (16, 4): ((("bf16", "fp8e4m3fn"), ("fp8", "fp8e4m3fn")), ((32, 8192), (64, 8192), (256, 8192), (3, 1000)))}}
 # The rows body (spec.ROWS_BODY): the specialized kernels above whose heads x q_len is a multiple
@@ -111,7 +112,7 @@ def heuristic_params(arch: str, batch: int, kv_len: int, kv_dtype: str = "fp8e4m
 
 def rows_params(arch: str, batch: int, kv_len: int, q_dtype: str, kv_dtype: str, heads: int, q_len: int) -> dict:
     """A query-rows kernel's tiling: the rows body (64 or 32 rows a block, one block an SM) where it
-    applies (sm90a fp8 KV, heads x q_len a multiple of 32), else the 16-row body's heuristic."""
+    applies (sm90a fp8 or bf16 KV, heads x q_len a multiple of 32), else the 16-row body's heuristic."""
     rows = heads * q_len
     tiles = rows_body_tiles(arch, q_dtype, kv_dtype, rows)
     if tiles:

@@ -66,7 +66,8 @@ def tiling_expr(s: KernelSpec) -> str:
     if s.native_fp8:
         return f"mlagen::device::NativeFp8Tiling<{kv}, {q}>"
     if s.rows_body:
-        return f"mlagen::device::RowsTiling</*stages=*/{s.stages}, {q}, /*rows=*/{s.block_m}>"
+        fmt = "" if s.kv_dtype.startswith("fp8") else f", {kv}"  # (the fp8 policy is the default)
+        return f"mlagen::device::RowsTiling</*stages=*/{s.stages}, {q}, /*rows=*/{s.block_m}{fmt}>"
     return f"mlagen::device::Tiling</*block_n=*/{s.block_n}, /*stages=*/{s.stages}, {kv}, {q}>"
 
 

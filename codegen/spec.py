@@ -87,17 +87,22 @@ OPTIONAL_TAGS = (("h", "num_heads"), ("ql", "q_len"), ("dk", "qk_dim"), ("dv", "
                  ("bn", "block_n"), ("st", "stages"), ("bm", "block_m"), ("pg", "page_size"))
 ROWS_A_BLOCK = 16  # query rows a row group (shapes.cuh QueryRows::kRows): the block of every body but the rows one
 # block_m 32 / 64: the sm90a rows body (runtime/include/mlagen/device/mla_decode_sm90_rows.cuh),
-# three warpgroups (S, and O by halves) over 32 or 64 query rows, fp8 KV in tiles of 64, one block an SM
+# three warpgroups (S, and O by halves) over 32 or 64 query rows, fp8 or bf16 KV in tiles of 64
+# (a format is a policy of the body: RowsKv), one block an SM
 ROWS_BODY_BLOCK_M = 64  # the rows of 64 and more
 ROWS_BODY_BLOCK_MS = (32, 64)  # 32: heads x q_len of 32 (32 heads, or 16 heads x 2 tokens); a generic kernel each
 # (arch, kv dtype) -> the rows body's tiles: where it exists, and what its kernels are built with.
 # Stages by (block_m, q dtype), also the validation's limit: the O groups hold one ring slot while
-# S reads the next, so the body wants several 36 KB stages beside Q (block_m x 576 bytes, twice for
-# a bf16 q's hi + lo) and two P slots (block_m x 64 f16 each), under 227 KB. 64 rows: as many as
-# fit. 32 rows: 4 with a bf16 q (5 fit; 5 measured 159.8 against 157.3 us with 4, in a build
-# whose wgmmas ptxas had serialized: no measured gain), 5 with an fp8 q.
-ROWS_BODY = {("sm90a", "fp8e4m3fn"): dict(block_n=WARPGROUP_BLOCK_N,
-                                          stages={(64, "bf16"): 3, (64, "fp8"): 4, (32, "bf16"): 4, (32, "fp8"): 5})}
+# S reads the next, so the body wants several stages beside Q and the P slots, under 227 KB.
+# fp8 KV (36 KB stages; Q block_m x 576 bytes, twice for a bf16 q's hi + lo; two P slots of
+# block_m x 64 f16): 64 rows as many as fit; 32 rows 4 with a bf16 q (5 fit; 5 measured 159.8
+# against 157.3 us with 4, in a build whose wgmmas ptxas had serialized: no measured gain), 5 with
+# an fp8 q. bf16 KV (72 KB stages, Q block_m x 1152 bytes of bf16 for either q): 2, all that fits
+# (64 rows: 144 + 72 KB of Q = 216 KB; each tile's P^T goes into its own rope atom, 219 KB in all).
+ROWS_BODY = {("sm90a", "fp8e4m3fn"): dict(block_n=WARPGROUP_BLOCK_N, stage_kb=36,
+                                          stages={(64, "bf16"): 3, (64, "fp8"): 4, (32, "bf16"): 4, (32, "fp8"): 5}),
+             ("sm90a", "bf16"): dict(block_n=WARPGROUP_BLOCK_N, stage_kb=72,
+                                     stages={(64, "bf16"): 2, (64, "fp8"): 2, (32, "bf16"): 2, (32, "fp8"): 2})}
 
 
 def rows_body_tiles(arch: str, q_dtype: str, kv_dtype: str, rows: int | None = None,
@@ -185,7 +190,7 @@ class KernelSpec:
 
     @property
     def rows_body(self) -> bool:
-        """The sm90a rows body: 32 or 64 query rows a block (three warpgroups), fp8 KV."""
+        """The sm90a rows body: 32 or 64 query rows a block (three warpgroups), fp8 or bf16 KV."""
         return self.block_m in ROWS_BODY_BLOCK_MS
 
     @property
@@ -218,8 +223,8 @@ class KernelSpec:
     def body(self) -> str:
         """Which device-code body the kernel runs."""
         if self.vendor == "nvidia":
-            if self.rows_body:
-                return "sm90_rows"
+            if self.rows_body:  # one body, the KV format a policy of it (RowsKv)
+                return "sm90_rows_bf16" if self.kv_dtype == "bf16" else "sm90_rows"
             if self.warpgroup:
                 return "sm90_wgmma_bf16" if self.kv_dtype == "bf16" else "sm90_wgmma"
             return "mma_wide" if self.kv_dtype in ("bf16", "mxfp4") else "mma_fp8"
@@ -359,8 +364,9 @@ class KernelSpec:
                                  "problems take the generic kernel)")
             top = tiles["stages"][(self.block_m, self.q_dtype)]
             if not 2 <= self.stages <= top:
-                bad("stages", f"2..{top} with block_m {self.block_m} and a {self.q_dtype} q (the rows body: 36 KB a "
-                              "stage beside q and two P slots, under 227 KB)")
+                bad("stages", f"{'2' if top == 2 else f'2..{top}'} with block_m {self.block_m}, a {self.q_dtype} q "
+                              f"and {self.kv_dtype} KV (the rows body: {tiles['stage_kb']} KB a stage beside q and "
+                              "the P slots, under 227 KB)")
         if not 2 <= self.stages <= 8:
             bad("stages", "2..8")
         if self.vendor == "amd" and self.stages != 2:

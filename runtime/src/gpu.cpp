@@ -425,17 +425,19 @@ mlagen_status launch(const Launch& l, const char* what) {
 #endif
 }
 
-mlagen_status encode_kv_maps(const void* kv, int64_t rows, int64_t stride_bytes, device::KvMapsAbi* maps) {
+mlagen_status encode_kv_maps(const void* kv, int64_t rows, int64_t stride_bytes, int32_t row_bytes,
+                             device::KvMapsAbi* maps) {
 #if defined(MLAGEN_VENDOR_NVIDIA)
   const Api* a = nullptr;
   const mlagen_status st = api(&a);
   if (st != MLAGEN_OK) return st;
   using M = device::KvMapsAbi;
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(576), static_cast<cuuint64_t>(rows)};
+  const bool bf16 = row_bytes == M::kRowBytesBf16;  // else fp8 rows of 576 bytes
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(bf16 ? M::kRowBytesBf16 : 576), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(stride_bytes)};
   const cuuint32_t unit[2] = {1, 1};
   const cuuint32_t main_box[2] = {M::kMainBoxBytes, M::kMainBoxRows};
-  const cuuint32_t rope_box[2] = {M::kRopeBoxBytes, M::kRopeBoxRows};
+  const cuuint32_t rope_box[2] = {static_cast<cuuint32_t>(bf16 ? M::kRopeBoxBytesBf16 : M::kRopeBoxBytes), M::kRopeBoxRows};
   void* base = const_cast<void*>(kv);
   CUresult r = a->TensorMapEncodeTiled(reinterpret_cast<CUtensorMap*>(&maps->main), CU_TENSOR_MAP_DATA_TYPE_UINT8, 2,
                                        base, dims, strides, main_box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
@@ -443,14 +445,15 @@ mlagen_status encode_kv_maps(const void* kv, int64_t rows, int64_t stride_bytes,
                                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r == CUDA_SUCCESS)
     r = a->TensorMapEncodeTiled(reinterpret_cast<CUtensorMap*>(&maps->rope), CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, base,
-                                dims, strides, rope_box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_64B,
+                                dims, strides, rope_box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                bf16 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
     return fail(MLAGEN_ERR_DEVICE, "cuTensorMapEncodeTiled (KV %p, %lld rows, stride %lld bytes): %s", kv,
                 static_cast<long long>(rows), static_cast<long long>(stride_bytes), error_string(r));
   return MLAGEN_OK;
 #else
-  (void)kv, (void)rows, (void)stride_bytes, (void)maps;
+  (void)kv, (void)rows, (void)stride_bytes, (void)row_bytes, (void)maps;
   return fail(MLAGEN_ERR_UNSUPPORTED, "KV tensor maps: sm90a only (this library is " MLAGEN_BUILD_ARCH ")");
 #endif
 }

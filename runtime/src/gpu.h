@@ -83,7 +83,9 @@ class DeviceScope {
 mlagen_status functions(const CodeObject& obj, int device, const Functions** out);
 mlagen_status launch(const Launch& l, const char* what);
 // The sm90a rows body's KV tensor maps (kernel_abi.h KvMapsAbi).
-mlagen_status encode_kv_maps(const void* kv, int64_t rows, int64_t stride_bytes, device::KvMapsAbi* maps);
+// row_bytes: the KV format's bytes a row (fp8 576, bf16 1152: kernel_abi.h KvMapsAbi).
+mlagen_status encode_kv_maps(const void* kv, int64_t rows, int64_t stride_bytes, int32_t row_bytes,
+                             device::KvMapsAbi* maps);
 // Reads a device word into *out after the stream's work, then zeroes it (in stream order).
 mlagen_status take_word(void* device_word, void* stream, uint32_t* out);
 mlagen_status check_current_device();

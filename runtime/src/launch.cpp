@@ -82,14 +82,15 @@ Params make_params(const mlagen_problem* pr, int32_t splits) {
 
 // The rows body's KV tensor maps for this call's KV, kept per thread for the next call on the
 // same KV (encoding them is a driver call of a few microseconds).
-mlagen_status kv_maps(const Params& p, device::KvMapsAbi* maps) {
+mlagen_status kv_maps(const Params& p, int32_t row_bytes, device::KvMapsAbi* maps) {
   struct Last {
     const void* kv;
     int64_t rows, stride;
+    int32_t row_bytes;
     device::KvMapsAbi maps;
   };
-  thread_local Last last{nullptr, -1, -1, {}};
-  if (last.kv == p.kv && last.rows == p.total_kv && last.stride == p.kv_stride_bytes) {
+  thread_local Last last{nullptr, -1, -1, 0, {}};
+  if (last.kv == p.kv && last.rows == p.total_kv && last.stride == p.kv_stride_bytes && last.row_bytes == row_bytes) {
     *maps = last.maps;
     return MLAGEN_OK;
   }
@@ -98,9 +99,9 @@ mlagen_status kv_maps(const Params& p, device::KvMapsAbi* maps) {
   if (p.total_kv > 0x7fffffffll)
     return fail(MLAGEN_ERR_INVALID, "total_kv=%lld: expected at most 2^31 - 1 KV rows for the rows body",
                 static_cast<long long>(p.total_kv));
-  const mlagen_status st = gpu::encode_kv_maps(p.kv, p.total_kv, p.kv_stride_bytes, maps);
+  const mlagen_status st = gpu::encode_kv_maps(p.kv, p.total_kv, p.kv_stride_bytes, row_bytes, maps);
   if (st != MLAGEN_OK) return st;
-  last = Last{p.kv, p.total_kv, p.kv_stride_bytes, *maps};
+  last = Last{p.kv, p.total_kv, p.kv_stride_bytes, row_bytes, *maps};
   return MLAGEN_OK;
 }
 
@@ -115,7 +116,7 @@ mlagen_status launch_kernel(const CodeObject& obj, const mlagen_problem* pr, int
   device::KvMapsAbi maps;
   void* args[2] = {&p, &maps};
   if (info.rows_body) {
-    st = kv_maps(p, &maps);
+    st = kv_maps(p, pr->kv_dtype == MLAGEN_DTYPE_BF16 ? device::KvMapsAbi::kRowBytesBf16 : 576, &maps);
     if (st != MLAGEN_OK) return st;
   }
   const unsigned grid_x = static_cast<unsigned>(splits * p.row_groups / (info.rows_per_block / 16));

@@ -54,7 +54,9 @@ def test_judge_refuses_serialized_wgmmas_and_spills_beyond_the_known_bound():
 
 
 @pytest.mark.parametrize("source", ["mla_decode_sm90a_b3_kv1000_s8_qbf16_kvfp8e4m3fn_ql2_bn64_bm32.hip",
-                                    "mla_decode_sm90a_b2_kv1000_s8_qfp8_kvfp8e4m3fn_h128_bn64_bm64.hip"])
+                                    "mla_decode_sm90a_b2_kv1000_s8_qfp8_kvfp8e4m3fn_h128_bn64_bm64.hip",
+                                    "mla_decode_sm90a_b2_kv1000_s8_qbf16_kvbf16_h128_bn64_st2_bm64.hip",
+                                    "mla_decode_sm90a_bany_kvany_sany_qfp8_kvbf16_bn64_st2_bm32.hip"])
 def test_rows_body_kernels_compile_without_serialized_wgmmas_or_spills(source):
     nvcc = cs.nvcc_path()
     if nvcc is None:

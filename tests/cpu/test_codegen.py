@@ -222,7 +222,7 @@ def test_rows_body_specs_round_trip_and_validate():
     rows = [k for k in build_catalog(archs=["sm90a"]) if (k.num_heads, k.q_len) != (16, 1)]
     def expected(k):
         r = k.num_heads * k.q_len
-        return 16 if k.kv_dtype != "fp8e4m3fn" else 64 if r % 64 == 0 else 32 if r % 32 == 0 else 16
+        return 16 if k.kv_dtype not in ("fp8e4m3fn", "bf16") else 64 if r % 64 == 0 else 32 if r % 32 == 0 else 16
     assert rows and all(k.block_m == expected(k) for k in rows), [(k.name, k.block_m) for k in rows]
     assert any(k.block_m == 32 for k in rows)
     # block_m 32: heads x q_len a multiple of 32, its own stage limits; a generic kernel of its own
@@ -233,9 +233,41 @@ def test_rows_body_specs_round_trip_and_validate():
     assert g32.name.endswith("_bany_kvany_sany_qbf16_kvfp8e4m3fn_bn64_bm32") and KernelSpec.parse(g32.name) == g32
     assert g32.role == 3 and g32.key != KernelSpec("sm90a", 0, 0, 0, "bf16", "fp8e4m3fn", block_n=64, stages=3,
                                                      block_m=64).key
-    generic_rows = sorted((k.q_dtype, k.block_m) for k in build_catalog(archs=["sm90a"]) if k.role == 3)
+    generic_rows = sorted((k.q_dtype, k.block_m) for k in build_catalog(archs=["sm90a"])
+                          if k.role == 3 and k.kv_dtype == "fp8e4m3fn")
     assert generic_rows == [("bf16", 32), ("bf16", 64), ("fp8", 32), ("fp8", 64)], generic_rows
     for kw in (dict(num_heads=16), dict(stages=5)):
         with pytest.raises(SpecError, match="block_m|stages"):
             KernelSpec(**{**dict(arch="sm90a", batch=64, kv_len=8192, splits=2, kv_dtype="fp8e4m3fn", num_heads=32,
                                  block_n=64, stages=4, block_m=32), **kw})
+
+
+def test_bf16_kv_takes_the_rows_body_as_a_format_policy():
+    """bf16 KV runs the same rows body as fp8 with the bf16 format policy (RowsKv<kBf16>): body
+    sm90_rows_bf16, tiling RowsTiling<..., KvFormat::kBf16> (fp8's tiling keeps its three
+    arguments); 72 KB stages leave room for 2 only (both block_m, either q); the catalog builds the
+    128 / 64 / 32-head kernels of 64x8192 with it (64, 64, 32 rows a block) and four generic ones."""
+    from codegen import spec as spec_mod
+    from codegen.catalog import build_catalog
+    from codegen.generate import tiling_expr
+    s = KernelSpec("sm90a", 64, 8192, 1, "bf16", "bf16", num_heads=128, block_n=64, stages=2, block_m=64)
+    assert s.name == "mla_decode_sm90a_b64_kv8192_s1_qbf16_kvbf16_h128_bn64_st2_bm64" and KernelSpec.parse(s.name) == s
+    assert s.body == "sm90_rows_bf16" and s.rows_body and s.target_blocks == 132
+    assert tiling_expr(s) == "mlagen::device::RowsTiling</*stages=*/2, QFormat::kBf16, /*rows=*/64, KvFormat::kBf16>"
+    f8 = KernelSpec("sm90a", 64, 8192, 1, "bf16", "fp8e4m3fn", num_heads=128, block_n=64, stages=3, block_m=64)
+    assert f8.body == "sm90_rows" and tiling_expr(f8).endswith("/*rows=*/64>")
+    for q in ("bf16", "fp8"):
+        for block_m, heads in ((64, 128), (32, 32)):
+            assert spec_mod.rows_body_tiles("sm90a", q, "bf16", block_m=block_m) == dict(block_n=64, stages=2,
+                                                                                            block_m=block_m)
+            with pytest.raises(SpecError, match="stages=3: expected 2 "):
+                KernelSpec("sm90a", 64, 8192, 1, q, "bf16", num_heads=heads, block_n=64, stages=3, block_m=block_m)
+    assert spec_mod.rows_body_tiles("sm90a", "bf16", "mxfp4", rows=128) is None  # mxfp4: the 16-row kernel
+    cat = build_catalog(archs=["sm90a"])
+    got = {(k.num_heads, k.batch, k.kv_len): k for k in cat if k.kv_dtype == "bf16" and k.rows_body and not k.generic}
+    for (heads, batch, kv_len), block_m in (((128, 64, 8192), 64), ((64, 64, 8192), 64), ((32, 64, 8192), 32),
+                                            ((128, 128, 4096), 64), ((128, 2, 1000), 64)):
+        k = got[(heads, batch, kv_len)]
+        assert (k.block_m, k.stages, k.q_dtype, k.body) == (block_m, 2, "bf16", "sm90_rows_bf16"), k.name
+    generic = sorted((k.q_dtype, k.block_m) for k in cat if k.role == 3 and k.kv_dtype == "bf16")
+    assert generic == [("bf16", 32), ("bf16", 64), ("fp8", 32), ("fp8", 64)], generic

@@ -364,6 +364,36 @@ def test_generic_rows_kernel_takes_rows_in_blocks_of_64_then_32(heads, q_len, bl
             _lib.select(Problem.make(48, 8192, num_heads=16, q_len=1, kernel_name=got["name"].encode()))
 
 
+@pytest.mark.parametrize("heads,q_len,block_m", [(128, 1, 64), (64, 1, 64), (16, 4, 64), (32, 1, 32),
+                                                 (16, 2, 32), (16, 1, 0)])
+@pytest.mark.parametrize("q_dtype", ["bf16", "fp8"])
+def test_bf16_kv_rows_go_to_the_rows_body(heads, q_len, block_m, q_dtype):
+    """bf16 KV: the 128 / 64 / 32-head shapes of 64x8192 (bf16 q) take their specialized rows-body
+    kernels (64, 64, 32 rows a block); without one, rows in blocks of 64, else 32, take the generic
+    bf16 rows-body kernels (either q), contiguous or on pages of 64 rows and more; 16 rows a
+    sequence, or smaller pages, the 16-row generic kernel (the bf16 warpgroup kernel)."""
+    kw = dict(kv_dtype="bf16", kv_scale=None, q_dtype=q_dtype)
+    if q_len == 1 and q_dtype == "bf16" and heads >= 32:
+        got = _lib.select(Problem.make(64, 8192, num_heads=heads, **kw))
+        assert not got["generic"] and got["kv_dtype"] == "bf16", got
+        assert got["name"] == f"mla_decode_sm90a_b64_kv8192_s{got['splits']}_qbf16_kvbf16_h{heads}_bn64_st2_bm{block_m}"
+    got = _lib.select(Problem.make(48, 8192, num_heads=heads, q_len=q_len, **kw))
+    assert got["generic"] and got["kv_dtype"] == "bf16", got
+    if not block_m:
+        assert got["role"] == "generic" and got["name"].endswith("_kvbf16_bn64_st2"), got
+        return
+    assert got["role"] == "generic_rows" and got["name"] == f"mla_decode_sm90a_bany_kvany_sany_q{q_dtype}_kvbf16_bn64_st2_bm{block_m}"
+    blocks = 48 * heads * q_len // block_m
+    assert got["splits"] == catalog.heuristic_splits(spec_mod.ROWS_BODY_TARGET_BLOCKS, blocks, 8192, "sm90a",
+                                                     48 * heads * q_len)
+    for page, role in ((64, "generic_rows"), (256, "generic_rows"), (32, "generic"), (1, "generic")):
+        width = 8192 // page
+        paged = Problem.make(48, 8192, num_heads=heads, q_len=q_len, page_size=page, page_table=0x8000,
+                             page_table_width=width, page_table_stride=width, page_table_len=48 * width,
+                             kv_lens=0x9000, kv_indptr=None, **kw)
+        assert _lib.select(paged)["role"] == role, (page, _lib.select(paged))
+
+
 @pytest.mark.parametrize("batch,kv_len,heads,rows_body", [(1, 1024, 128, False), (16, 1024, 128, False),
                                                          (4, 8192, 64, False), (64, 1024, 128, True),
                                                          (4, 8192, 128, True), (16, 8192, 32, True)])

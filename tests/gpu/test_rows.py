@@ -58,12 +58,12 @@ def causal_reference(q, kv, q_lens, kv_lens, dtype):
     return out, lse
 
 
-def rows_kernel(q_dtype: str, block_m: int) -> str:
-    """The generic rows-body kernel (registry role 3) of fp8 KV, this q format and block_m, by name:
-    the tests below name it, since the runtime gives small problems the 16-row kernel instead
-    (codegen/spec.py ROWS_BODY_MIN_WORK) and these are small to stay quick."""
+def rows_kernel(q_dtype: str, block_m: int, kv_dtype: str = "fp8e4m3fn") -> str:
+    """The generic rows-body kernel (registry role 3) of this KV format (fp8 or bf16), q format and
+    block_m, by name: the tests below name it, since the runtime gives small problems the 16-row
+    kernel instead (codegen/spec.py ROWS_BODY_MIN_WORK) and these are small to stay quick."""
     return next(k["name"] for k in mlagen.kernels() if k["role"] == "generic_rows" and k["q_dtype"] == q_dtype
-                and k["kv_dtype"] == "fp8e4m3fn" and k["name"].endswith(f"_bm{block_m}"))
+                and k["kv_dtype"] == kv_dtype and k["name"].endswith(f"_bm{block_m}"))
 
 
 class Rows:
@@ -220,6 +220,7 @@ def test_causal_mask_exact(heads, q_len, fmt):
 
 
 DTYPE_FMT = {"fp8e4m3fn": "fp8", "bf16": "bf16", "mxfp4": "mxfp4"}
+DTYPE_KV = {v: k for k, v in DTYPE_FMT.items()}
 
 
 @pytest.mark.parametrize("tag", ["h128", "h64", "h32", "ql2", "ql4"])
@@ -247,32 +248,36 @@ def test_specialized_row_kernels_match_generic(tag):
 
 
 def test_rows_body_matches_float64():
-    """Every kernel of the rows body (32 or 64 query rows a block, spec block_m) on fresh inputs of
-    its own shape: the whole output within the fp8 path's same-inputs tolerance of float32 on the
+    """Every kernel of the rows body (32 or 64 query rows a block, spec block_m; fp8 KV, and bf16 KV
+    at 128 / 64 / 32 heads) on fresh inputs of its own shape: the whole output within its KV
+    format's same-inputs tolerance of float32 on the
     values it reads, every (token, head) row within 4x that and within 4x the bf16-inputs one of
     float64, LSE against float64 (check()). An fp8 q is the task's per-tensor recipe, so its
     reference takes the same dequantized q."""
     specs = [k for k in mlagen.kernels() if k["role"] == "specialized" and {"bm64", "bm32"} & set(k["name"].split("_"))]
     assert len(specs) >= 12 and any("bm32" in k["name"] for k in specs), \
         f"rows-body kernels in this build: {[k['name'] for k in specs]}"
-    tol = TOLERANCES[("fp8e4m3fn", "same_inputs")]["rel_l2"]
+    bf16 = {k["num_heads"] for k in specs if k["kv_dtype"] == "bf16"}
+    assert bf16 >= {32, 64, 128}, f"bf16-KV rows-body kernels of these head counts in this build: {sorted(bf16)}"
     for spec in specs:
         seed = fresh_seed()
+        fmt = DTYPE_FMT[spec["kv_dtype"]]
+        tol = TOLERANCES[(spec["kv_dtype"], "same_inputs")]["rel_l2"]
         heads, q_len = spec["num_heads"], spec["q_len"]
         rows = Rows(heads, [q_len] * spec["batch"], [spec["kv_len"]] * spec["batch"], seed)
         kw = dict(q_dtype="fp8") if spec["q_dtype"] == "fp8" else {}
-        out, lse = rows.run("fp8", lse=True, **kw)
+        out, lse = rows.run(fmt, lse=True, **kw)
         assert mlagen.last_kernel()["name"] == spec["name"], f"{mlagen.last_kernel()['name']} ran, not {spec['name']}"
         if kw:  # the q the kernel multiplies: fp8 x scale
             q8, qs = quantize_fp8(rows.q)
             rows.q = (q8.float() * qs).to(torch.float32)
-        ref32, _ = causal_reference(rows.q, rows.seen("fp8"), rows.q_lens, rows.kv_lens, torch.float32)
+        ref32, _ = causal_reference(rows.q, rows.seen(fmt), rows.q_lens, rows.kv_lens, torch.float32)
         err = rel_l2(out, ref32)
         assert err <= tol, f"seed {seed} {spec['name']}: rel_l2 {err:.2e} vs float32 (tolerance {tol})"
         if not kw:
-            check(rows, out, "fp8", seed, lse)
+            check(rows, out, fmt, seed, lse)
         else:
-            lse64 = causal_reference(rows.q.double(), rows.seen("fp8").double(), rows.q_lens, rows.kv_lens,
+            lse64 = causal_reference(rows.q.double(), rows.seen(fmt).double(), rows.q_lens, rows.kv_lens,
                                      torch.float64)[1]
             assert (lse.double() - lse64).abs().max().item() < 2e-2, f"seed {seed} {spec['name']}: LSE off"
         print(f"{spec['name']}: rel_l2 {err:.2e} vs float32 (seed {seed})")
@@ -314,6 +319,59 @@ def test_generic_rows_bodies_match_float64(heads, q_len, block_m, q_dtype):
         check(rows, out, "fp8", seed, lse)
 
 
+@pytest.mark.parametrize("q_dtype", ["bf16", "fp8"])
+@pytest.mark.parametrize("q_len", [1, 2, 3, 4])
+@pytest.mark.parametrize("heads", [32, 64, 128])
+def test_bf16_rows_body_matches_float64(heads, q_len, q_dtype):
+    """bf16 KV through the generic rows body (64 rows a block where 64 divide heads x q_len, else
+    32): lengths around tile edges (a last tile some tokens cannot see, a sequence shorter than
+    q_len, a short last tile by cp.async) and one that splits; every (token, head) row against
+    float64 on the bf16 KV (check()), an fp8 q against the q it multiplies (float32, per row)."""
+    seed = fresh_seed()
+    block_m = 64 if heads * q_len % 64 == 0 else 32
+    rows = Rows(heads, [q_len] * 4, [1300, 65, 2, 777], seed)
+    kw = dict(q_dtype="fp8") if q_dtype == "fp8" else {}
+    out, lse = rows.run("bf16", lse=True, kernel=rows_kernel(q_dtype, block_m, "bf16"), **kw)
+    k = mlagen.last_kernel()
+    assert k["role"] == "generic_rows" and k["kv_dtype"] == "bf16" and k["name"].endswith(f"_bm{block_m}"), k
+    if not kw:
+        check(rows, out, "bf16", seed, lse)
+        return
+    q8, qs = quantize_fp8(rows.q)
+    rows.q = (q8.float() * qs).to(torch.float32)
+    ref32, _ = causal_reference(rows.q, rows.seen("bf16"), rows.q_lens, rows.kv_lens, torch.float32)
+    tol = TOLERANCES[("bf16", "same_inputs")]["rel_l2"]
+    assert not out.isnan().any(), f"seed {seed}: NaN in the output"
+    for r in range(out.shape[0]):
+        for h in range(heads):
+            if ref32[r, h].abs().amax() == 0:
+                assert (out[r, h] == 0).all(), f"seed {seed}: row {r} head {h} sees no key, not zeros"
+                continue
+            e = rel_l2(out[r, h], ref32[r, h])
+            assert e <= 4 * tol, f"seed {seed} {k['name']} row {r} head {h}: rel_l2 {e:.2e} vs float32"
+    lse64 = causal_reference(rows.q.double(), rows.seen("bf16").double(), rows.q_lens, rows.kv_lens,
+                             torch.float64)[1]
+    fin = torch.isfinite(lse64)
+    assert (lse[~fin] == -math.inf).all(), f"seed {seed}: LSE of rows with no key must be -inf"
+    assert (lse[fin].double() - lse64[fin]).abs().max().item() < 2e-2, f"seed {seed} {k['name']}: LSE off"
+
+
+@pytest.mark.parametrize("heads,block_m", [(128, 64), (64, 64), (32, 32)])
+def test_bf16_kv_dispatches_to_the_rows_body(heads, block_m):
+    """bf16 KV at 32..128 heads: 64x8192 goes to its specialized rows-body kernel, a shape without
+    one (48x4096, enough work for the rows body) to the generic bf16 rows body; both within the
+    per-row tolerances of float64 on two of their sequences."""
+    seed = fresh_seed()
+    for batch, kv_len, role in ((64, 8192, "specialized"), (48, 4096, "generic_rows")):
+        rows = Rows(heads, [1] * batch, [kv_len] * batch, seed)
+        out = rows.run("bf16")
+        k = mlagen.last_kernel()
+        assert k["role"] == role and k["kv_dtype"] == "bf16" and k["name"].endswith(f"_bm{block_m}"), k
+        sub = Rows(heads, [1] * 2, [kv_len] * 2, seed)
+        sub.q, sub.kv = rows.q[:2], {"bf16": rows.kv["bf16"][:2 * kv_len]}
+        check(sub, out[:2], "bf16", seed)
+
+
 @pytest.mark.parametrize("heads,q_len,batch,kv_len", [(128, 1, 2, 1000), (64, 1, 3, 2900), (16, 4, 3, 1000),
                                                       (16, 1, 4, 2100)])
 def test_rows_rescale_when_scores_grow_along_the_sequence(heads, q_len, batch, kv_len):
@@ -346,18 +404,20 @@ def test_rows_rescale_when_scores_grow_along_the_sequence(heads, q_len, batch, k
         assert (err <= lim).all(), f"seed {seed} {name}: LSE off by {err.max().item():.3e}"
 
 
-def paged_copy(rows, page, seed, spare=3):
-    """rows' fp8 KV scattered into a cache of pages (random order, spare pages of other random
-    rows): the block table (unused entries out of range), kv_lens, and FlashInfer's indices form."""
+def paged_copy(rows, page, seed, spare=3, fmt="fp8"):
+    """rows' fp8 (or bf16) KV scattered into a cache of pages (random order, spare pages of other
+    random rows): the block table (unused entries out of range), kv_lens, and FlashInfer's indices
+    form."""
     rng = random.Random(seed)
     need = [math.ceil(L / page) for L in rows.kv_lens]
     num_pages = sum(need) + spare
     pool = list(range(num_pages))
     rng.shuffle(pool)
     lists = [[pool.pop() for _ in range(n)] for n in need]
-    fp8, scale = rows.kv["fp8"]
+    fp8, scale = rows.kv["fp8"] if fmt == "fp8" else (rows.kv["bf16"], None)
     g = torch.Generator(device="cuda").manual_seed(seed + 7)
-    cache = quantize_fp8(torch.randn((num_pages * page, 1, QK), generator=g, device="cuda").to(torch.bfloat16))[0]
+    cache = torch.randn((num_pages * page, 1, QK), generator=g, device="cuda").to(torch.bfloat16)
+    cache = quantize_fp8(cache)[0] if fmt == "fp8" else cache
     start = 0
     for b, L in enumerate(rows.kv_lens):
         for t0 in range(0, L, page):
@@ -371,33 +431,34 @@ def paged_copy(rows, page, seed, spare=3):
     indices = torch.tensor([p for pl in lists for p in pl], dtype=torch.int32, device="cuda")
     page_indptr = qo_of([len(pl) for pl in lists])
     last = torch.tensor([(L - 1) % page + 1 if L else 0 for L in rows.kv_lens], dtype=torch.int32, device="cuda")
-    return (cache, scale), table.cuda(), torch.tensor(rows.kv_lens, dtype=torch.int32, device="cuda"), \
-        (indices, page_indptr, last)
+    return (cache, scale) if fmt == "fp8" else cache, table.cuda(), \
+        torch.tensor(rows.kv_lens, dtype=torch.int32, device="cuda"), (indices, page_indptr, last)
 
 
+@pytest.mark.parametrize("fmt", ["fp8", "bf16"])
 @pytest.mark.parametrize("page", [64, 256])
 @pytest.mark.parametrize("heads,q_len,block_m", [(128, 1, 64), (64, 2, 64), (16, 4, 64), (32, 1, 32), (16, 2, 32),
-                                                 (8, 4, 32)])
-def test_rows_body_on_pages_is_bit_identical_to_contiguous(heads, q_len, block_m, page):
+                                                 (8, 4, 32), (128, 3, 64)])
+def test_rows_body_on_pages_is_bit_identical_to_contiguous(heads, q_len, block_m, page, fmt):
     """Pages of a tile (64 rows) or more: the generic rows body reads the tiles through the block
     table (and through FlashInfer's indices) with the bulk tensor copy as on contiguous rows, so the
     output is bit-identical to the contiguous call with the same splits, and within the per-row
-    tolerances of float64; unused table entries hold page ids past the cache."""
+    tolerances of float64; unused table entries hold page ids past the cache. fp8 and bf16 KV."""
     seed = fresh_seed()
     rows = Rows(heads, [q_len] * 4, [1300, 65, 2, 700], seed)
-    kv, table, kv_lens, (indices, page_indptr, last) = paged_copy(rows, page, seed)
-    rk = rows_kernel("bf16", block_m)
+    kv, table, kv_lens, (indices, page_indptr, last) = paged_copy(rows, page, seed, fmt=fmt)
+    rk = rows_kernel("bf16", block_m, DTYPE_KV[fmt])
     for splits in (1, 3):
-        out_c, lse_c = rows.run("fp8", lse=True, kernel=rk, splits=splits)
+        out_c, lse_c = rows.run(fmt, lse=True, kernel=rk, splits=splits)
         outs = []
         for form in ("table", "indices"):
             out = torch.full_like(out_c, float("nan"))
             if form == "table":
-                res = mlagen.decode(rows.q, {"fp8": kv}, rows.qo_indptr, None, rows.config, kv_format="fp8", out=out,
+                res = mlagen.decode(rows.q, {fmt: kv}, rows.qo_indptr, None, rows.config, kv_format=fmt, out=out,
                                     q_len=q_len, page_table=table, page_size=page, kv_lens=kv_lens, return_lse=True,
                                     kernel=rk, splits=splits)
             else:
-                res = mlagen.decode(rows.q, {"fp8": kv}, rows.qo_indptr, page_indptr, rows.config, kv_format="fp8",
+                res = mlagen.decode(rows.q, {fmt: kv}, rows.qo_indptr, page_indptr, rows.config, kv_format=fmt,
                                     out=out, q_len=q_len, kv_indices=indices, kv_last_page_len=last, page_size=page,
                                     return_lse=True, kernel=rk, splits=splits)
             torch.cuda.synchronize()
@@ -410,7 +471,7 @@ def test_rows_body_on_pages_is_bit_identical_to_contiguous(heads, q_len, block_m
                 f"seed {seed} page {page} splits {splits} {form}: paged differs from contiguous " \
                 f"(max |d| {(out_p.float() - out_c.float()).abs().max().item():.3g})"
             assert torch.equal(lse_p, lse_c), f"seed {seed} page {page} splits {splits} {form}: LSE differs"
-        check(rows, outs[0][0], "fp8", seed, outs[0][1])
+        check(rows, outs[0][0], fmt, seed, outs[0][1])
 
 
 @pytest.mark.parametrize("splits", [1, 3])

@@ -67,16 +67,18 @@ struct Params {
 };
 
 // The sm90a rows body's second kernel argument: the KV rows as two 2D tensor maps of bytes
-// ([total_kv rows, 576], the rows' stride), each a CUtensorMap (cuda.h: 128 bytes, 128-byte
-// aligned, opaque), encoded on the host per KV tensor: `main` boxes of 64 rows x 128 bytes with
-// the 128-byte swizzle (one atom of the tile's nope dims), `rope` boxes of 32 rows x 64 bytes with
-// the 64-byte swizzle: the tile's own layout (mla_decode_sm90_rows.cuh WgLayout::kv_at).
+// ([total_kv rows, the format's row bytes: fp8 576, bf16 1152], the rows' stride), each a
+// CUtensorMap (cuda.h: 128 bytes, 128-byte aligned, opaque), encoded on the host per KV tensor:
+// `main` boxes of 64 rows x 128 bytes with the 128-byte swizzle (one atom of the tile's nope dims),
+// `rope` boxes of 32 rows x the rope bytes of a row (fp8: 64 bytes, the 64-byte swizzle; bf16: 128
+// bytes, the 128-byte swizzle): the tile's own layout (mla_decode_sm90_rows.cuh RowsKv::Tile).
 struct alignas(128) TensorMapBytes {  // CUDA 13: 128-byte aligned (12.x: 64)
   uint64_t opaque[16];
 };
 struct KvMapsAbi {
   TensorMapBytes main, rope;
   static constexpr int kMainBoxRows = 64, kMainBoxBytes = 128, kRopeBoxRows = 32, kRopeBoxBytes = 64;
+  static constexpr int kRowBytesBf16 = 1152, kRopeBoxBytesBf16 = 128;  // a bf16 row; its rope box
 };
 
 // What the host needs to launch one generated kernel, exported by its code object as the

@@ -1,4 +1,4 @@
-// MLA decode, fp8 KV on sm_90a, 32 or 64 query rows a block: the rows kernel (issue 18,
+// MLA decode, fp8 or bf16 KV on sm_90a, 32 or 64 query rows a block: the rows kernel (issue 18,
 // docs/design-rows-as-m.md). For 32..128 rows a sequence (128, 64 or 32 heads, 16 heads x 4 or
 // x 2 tokens), where the 16-row warpgroup kernel (mla_decode_sm90_wgmma.cuh) runs its whole
 // per-tile chain once per 16 rows and stays latency-bound (128 heads at 64x8192: 471 us, 0.49x
@@ -21,9 +21,16 @@
 //                   that slot is done, by the bulk tensor copy (TMA, KvMaps: one thread issues
 //                   three boxes) onto per-stage mbarriers (kv_full); a short tile by cp.async.
 //
+// That is the fp8 format. A KV format is a policy of the body (RowsKv below: its tile, its copies'
+// boxes, q's staging, the S^T chain, P's type, the O^T step, the dims a thread's O values are);
+// bf16 KV (RowsKv<kBf16>) keeps the tile as stored, 72 KB a stage: S^T in bf16 wgmma m64nRk16
+// (A = the tile, B = q as bf16, N = R), P^T bf16, O^T += V^T P^T with A = V^T read from the same
+// tile through the descriptor's transpose bit (no conversion, no register A); 2 stages, each
+// tile's P^T in its own rope atom (free once S read it) instead of P slots of its own.
+//
 // Handoff through mbarriers: full[slot] (group 0 wrote tile i's P and factors) and empty[slot]
 // (the O groups are done with tile i and its P slot); tile i uses slot i % 2, phase i / 2.
-// Group 0 waits for O(i - 2) before it writes tile i's P slot. The O groups hold one ring slot,
+// Group 0 waits for O(i - 2) before it writes tile i's P slot (P in the tile: no wait, see there). The O groups hold one ring slot,
 // so the stages are as many as fit beside Q (spec.ROWS_BODY).
 // Lazy rescale: a row keeps its base while no score passes it by 2^8; the test compares the
 // scores themselves, so the rows' maxima (shuffles, and the exchange between the 4 warps) are
@@ -37,10 +44,11 @@
 // Measured at e34e110 (docs/perf.md, query rows): 252 us at 128 heads, 64x8192 (bf16 q; 223 with an
 // fp8 q; FlashMLA 232), against 264-310 in earlier schedules and 471 with 16-row blocks; 98 us at
 // 32 heads (32 rows).
-// The generic kernels of this body (registry role 3, 64 and 32 rows) serve contiguous problems
-// whose heads x q_len is a multiple of 64, else of 32.
+// The generic kernels of this body (registry role 3, 64 and 32 rows, each KV format) serve problems
+// whose heads x q_len is a multiple of 64, else of 32, contiguous or on pages of a tile or more.
 #pragma once
 #include "mlagen/device/mla_decode_sm90_wgmma.cuh"
+#include "mlagen/device/mla_decode_sm90_wgmma_bf16.cuh"  // WgBf16Layout: the bf16 tile
 
 #if defined(MLAGEN_NVIDIA)
 #include <cuda.h>  // CUtensorMap (the type only: the runtime encodes the maps through the driver's entry point)
@@ -53,20 +61,314 @@ using KvMaps = KvMapsAbi;  // tma_load_2d reads each map where the kernel argume
 static_assert(sizeof(CUtensorMap) == sizeof(TensorMapBytes) && alignof(CUtensorMap) <= alignof(TensorMapBytes),
               "kernel_abi.h TensorMapBytes: not a CUtensorMap");
 
-template <int kStages_, QFormat kQ_, int kRows_>
+// ---- The KV formats of the rows body, a policy each: the tile a stage holds and how the two O
+// groups' copies split it, q's staging (the B operand of S^T), the S^T chain, P's 16-bit type, the
+// O^T step and which dims a thread's O values are. decode_rows is the same body for every format.
+template <KvFormat kKv, int kStages>
+struct RowsKv;
+
+// fp8: the 16-row warpgroup kernel's tile (WgLayout: 4 atoms of 128 dims, 128B swizzle, and a
+// 64B-swizzle rope atom; 36 KB a stage). S^T in e4m3 (a bf16 q split hi + lo: N = 2 R); P^T f16;
+// V^T converted to f16 in registers (each thread's 8 dims of two tokens: one 8-byte load a token,
+// prmt + cvt.f16x2.e4m3x2, exact). A thread's O values of a row are 8 consecutive dims.
+template <int kStages>
+struct RowsKv<KvFormat::kFp8, kStages> {
+  using Tile = WgLayout<kStages, KvFormat::kFp8>;
+  static constexpr int kQRowBytes = kQkDim;  // q staged as e4m3
+  static constexpr bool q_split(QFormat q) { return q == QFormat::kBf16; }
+  static constexpr bool kPInTile = false;  // P^T has two slots of its own
+  static constexpr uint32_t kPTileOffset = 0, kPTileBytes = 0;
+  // what one O group brings: two atoms (its V dims) and one rope box (half the rows)
+  static constexpr uint32_t kGroupBytes = 2 * Tile::kAtom128Bytes + KvMapsAbi::kRopeBoxRows * KvMapsAbi::kRopeBoxBytes;
+  MLAGEN_DEVICE static constexpr uint32_t group_bytes(int) { return kGroupBytes; }
+  static_assert(2 * kGroupBytes == Tile::kStageBytes && KvMapsAbi::kMainBoxRows == Tile::kBlockN &&
+                    2 * KvMapsAbi::kRopeBoxRows == Tile::kBlockN,
+                "a tile's boxes");
+
+  // O group oc's share of a tile's copies, thread wt of the group.
+  struct Copy {
+    int c8, rm, c4, rr;
+    uint32_t dst_main, dst_rope;
+    int a0, rope0;  // the group's first atom, rope row
+    MLAGEN_DEVICE Copy(int oc, int wt)
+        : c8(wt % 8), rm(wt / 8), c4(wt % 4), rr(wt / 4 + 32 * oc),
+          dst_main((rm / 8) * 1024 + (rm % 8) * 128 + ((c8 ^ (rm % 8)) * 16)),
+          dst_rope(Tile::kRopeOffset + (rr / 8) * 512 + (rr % 8) * 64 + ((c4 ^ ((rr % 8) / 2)) * 16)),
+          a0(2 * oc), rope0(KvMapsAbi::kRopeBoxRows * oc) {}
+    // a full tile of rows back to back from row y: the group's three boxes (one thread)
+    MLAGEN_DEVICE void boxes(uint32_t dst, const KvMapsAbi& maps, int y, uint32_t bar) const {
+#pragma unroll
+      for (int a = a0; a < a0 + 2; ++a) sm90::tma_load_2d(dst + a * Tile::kAtom128Bytes, &maps.main, 128 * a, y, bar);
+      sm90::tma_load_2d(dst + Tile::kRopeOffset + rope0 * KvMapsAbi::kRopeBoxBytes, &maps.rope, 512, y + rope0, bar);
+    }
+    // row by row (cp.async), zero-filled past rows_left: chunk wt % 8 of rows wt / 8 + 16 i, rope
+    // chunk wt % 4 of row 32 oc + wt / 4 (the slot's P is not in the tile: no wait_p)
+    template <class Rows, class WaitP>
+    MLAGEN_DEVICE void rows(uint32_t dst, const Params& p, const Rows& kv, int tok0, int rows_left, bool& page_bad,
+                            WaitP&&) const {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int r = rm + 16 * i;
+        const uint8_t* src = r < rows_left ? kv.ptr(tok0 + r, page_bad) : nullptr;
+#pragma unroll
+        for (int a = a0; a < a0 + 2; ++a)
+          sm90::cp_async_16(dst + dst_main + i * 2048 + a * Tile::kAtom128Bytes, src ? src + a * 128 + c8 * 16 : p.kv,
+                            src != nullptr);
+      }
+      const uint8_t* src = rr < rows_left ? kv.ptr(tok0 + rr, page_bad) : nullptr;
+      sm90::cp_async_16(dst + dst_rope, src ? src + 512 + c4 * 16 : p.kv, src != nullptr);
+    }
+  };
+
+  // One query row's 576 values (its 8 threads' raw[18], value group i at dim dim_of(i)) into the
+  // q operand at rows r (hi) and R + r (lo); returns the row's S factor 1 / c.
+  template <QFormat Q, bool kLo, class L, class DimOf>
+  MLAGEN_DEVICE static float stage_q(const QQuant& qq, const uint2 (&raw)[18], uint32_t s_q, int r, DimOf&& dim_of) {
+    return stage_q_row<Q, kLo>(qq, raw, [&](int i, uint32_t hi, uint32_t lo) {
+      const int d = dim_of(i);
+      sm90::sts32(s_q + L::q_at(r, d), hi);
+      if constexpr (kLo) sm90::sts32(s_q + L::q_at(L::kRows + r, d), lo);
+    });
+  }
+
+  // S^T = K Qhl^T over the tile's 576 dims, from the wgmma fence on (the caller commits)
+  template <int kSN, int kQLbo>
+  MLAGEN_DEVICE static void s_chain(float (&s)[kSN / 2], uint32_t tile, uint64_t q_desc) {
+    using namespace sm90;
+    const uint64_t k_desc = wgmma_desc(tile, 16, 1024, WgmmaSwizzle::k128B);
+    const uint64_t rope_desc = wgmma_desc(tile + Tile::kRopeOffset, 16, 512, WgmmaSwizzle::k64B);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < Tile::kChunksPerRow / 2; ++ks) {
+      const uint64_t a = ks < 16 ? wgmma_desc_advance(k_desc, (ks / 4) * Tile::kAtom128Bytes + (ks % 4) * 32)
+                                 : wgmma_desc_advance(rope_desc, (ks - 16) * 32);
+      const uint64_t b = wgmma_desc_advance(q_desc, 2 * ks * kQLbo);
+      if constexpr (kSN == 128) {
+        if (ks == 0) wgmma_m64n128k32_e4m3_ss_first(s, a, b);
+        else wgmma_m64n128k32_e4m3_ss(s, a, b);
+      } else if constexpr (kSN == 64) {
+        if (ks == 0) wgmma_m64n64k32_e4m3_ss_first(s, a, b);
+        else wgmma_m64n64k32_e4m3_ss(s, a, b, 1);
+      } else {
+        if (ks == 0) wgmma_m64n32k32_e4m3_ss_first(s, a, b);
+        else wgmma_m64n32k32_e4m3_ss(s, a, b, 1);
+      }
+    }
+  }
+
+  MLAGEN_DEVICE static uint32_t pack_p(float p0, float p1) { return sm90::pack_f16x2(p0, p1); }
+
+  // Dim of a thread's O value i (ov[mb + 4 hh] = o[mb][4 j + 2 hh + e]) in O group oc
+  MLAGEN_DEVICE static int o_dim(int oc, int w, int g, int i) { return 256 * oc + 8 * (8 * w + g) + i; }
+  static constexpr bool kODimsContiguous = true;
+
+  // O^T += V^T P^T for the group's 256 dims: 4 m64 blocks x 4 k-steps, A = V^T in registers.
+  // One commit group a wgmma: block mb's fragment for k-step ks is rebuilt as soon as k-step
+  // ks - 1's wgmma of block mb is done (wait<3>: the three issued after it may fly), so the
+  // tensor cores always hold three of this group's wgmmas while it converts the next fragment.
+  // The caller waits for them all.
+  template <int R, int kPLbo>
+  struct OStep {
+    uint32_t voff[4];
+    MLAGEN_DEVICE OStep(int oc, int w, int g, int t) {
+      const int dv = o_dim(oc, w, g, 0);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) voff[i] = Tile::kv_at(2 * t + (i % 2) + 8 * (i / 2), dv);
+    }
+    // V^T fragments: each thread's 8 dims of tokens 2 t + {0, 1, 8, 9} of k-step ks (one 8-byte
+    // load a token), then, per m64 block mb, byte mb of each 4-dim word pairs the two tokens
+    // (prmt) and widens to f16x2 (cvt.f16x2.e4m3x2, exact)
+    MLAGEN_DEVICE void v_load(uint32_t tile, int ks, uint2 (&x)[4]) const {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) x[i] = sm90::lds64(tile + voff[i] + ks * 2048);
+    }
+    MLAGEN_DEVICE static void v_convert(const uint2 (&x)[4], int mb, uint32_t (&am)[4]) {
+      using namespace sm90;
+      const uint32_t sel = ((4 + mb) << 4) | mb;
+      am[0] = e4m3x2_f2fp(static_cast<uint16_t>(__byte_perm(x[0].x, x[1].x, sel)));
+      am[1] = e4m3x2_f2fp(static_cast<uint16_t>(__byte_perm(x[0].y, x[1].y, sel)));
+      am[2] = e4m3x2_f2fp(static_cast<uint16_t>(__byte_perm(x[2].x, x[3].x, sel)));
+      am[3] = e4m3x2_f2fp(static_cast<uint16_t>(__byte_perm(x[2].y, x[3].y, sel)));
+    }
+    MLAGEN_DEVICE void run(float (&o)[4][R / 2], uint32_t tile, uint64_t p_desc) const {
+      using namespace sm90;
+      constexpr int BN = Tile::kBlockN;
+      uint2 x[4];
+      uint32_t a[4][4];
+      v_load(tile, 0, x);
+#pragma unroll
+      for (int ks = 0; ks < BN / 16; ++ks)
+#pragma unroll
+        for (int mb = 0; mb < 4; ++mb) {
+          if (ks > 0) wgmma_wait<3>();
+          v_convert(x, mb, a[mb]);
+          if (mb == 3 && ks + 1 < BN / 16) v_load(tile, ks + 1, x);
+          wgmma_fence_regs(o[mb]), wgmma_fence_regs(a[mb]);
+          wgmma_fence();
+          if constexpr (R == 64) wgmma_m64n64k16_f16_rs(o[mb], a[mb], wgmma_desc_advance(p_desc, 2 * ks * kPLbo));
+          else wgmma_m64n32k16_f16_rs(o[mb], a[mb], wgmma_desc_advance(p_desc, 2 * ks * kPLbo));
+          wgmma_commit();
+        }
+    }
+  };
+};
+
+// bf16: the 16-row bf16 warpgroup kernel's tile (WgBf16Layout: 9 atoms of 64 dims, 128B swizzle;
+// 72 KB a stage), read as stored by both products: S^T = K Q^T in bf16 (A = the tile K-major, B =
+// q as bf16, N = R: a bf16 q is exact, an fp8 q too), P^T bf16, O^T += V^T P^T with A = V^T read
+// M-major from the same tile (the descriptor's transpose bit: no copy, no register). A thread's O
+// values of a row are dims 256 oc + 64 mb + 16 w + g + 8 hh (the wgmma's M rows of block mb).
+// Shared memory at 64 rows: 2 stages (144 KB) + q (72 KB) leave no room for P slots of their own
+// beside the rest: tile i's P^T goes into tile i's rope atom, which only S(i) reads. Group 0 writes
+// it once S(i) is done; the O groups read it in O(i); the rope rows of tile i + 2 go into that atom
+// only once both O groups are done with O(i) (Copy's wait_p: the slot's empty barrier). 219 KB.
+template <int kStages>
+struct RowsKv<KvFormat::kBf16, kStages> {
+  using Tile = WgBf16Layout<kStages>;
+  static constexpr int kQRowBytes = 2 * kQkDim;  // q staged as bf16
+  static constexpr bool q_split(QFormat) { return false; }
+  static constexpr int kRopeAtom = Tile::kAtoms - 1;  // atoms 0..7: V; atom 8: the rope dims
+  static constexpr bool kPInTile = true;  // a tile's P^T: in its rope atom, from S's end to O's
+  static constexpr uint32_t kPTileOffset = kRopeAtom * Tile::kAtomBytes, kPTileBytes = Tile::kAtomBytes;
+  // what one O group brings: its four V atoms; group 1 (oc 0) also the rope atom (two boxes of 32 rows)
+  MLAGEN_DEVICE static constexpr uint32_t group_bytes(int oc) {
+    return 4 * Tile::kAtomBytes + (oc == 0 ? 2 * KvMapsAbi::kRopeBoxRows * KvMapsAbi::kRopeBoxBytesBf16 : 0);
+  }
+  static_assert(group_bytes(0) + group_bytes(1) == Tile::kStageBytes && KvMapsAbi::kMainBoxRows == Tile::kBlockN &&
+                    2 * KvMapsAbi::kRopeBoxRows == Tile::kBlockN && KvMapsAbi::kMainBoxBytes == 128,
+                "a tile's boxes");
+
+  struct Copy {
+    int oc, c8, rm;
+    uint32_t dst_main;
+    MLAGEN_DEVICE Copy(int oc_, int wt)
+        : oc(oc_), c8(wt % 8), rm(wt / 8), dst_main((rm / 8) * 1024 + (rm % 8) * 128 + ((c8 ^ (rm % 8)) * 16)) {}
+    // the group's V atoms (one thread)
+    MLAGEN_DEVICE void boxes(uint32_t dst, const KvMapsAbi& maps, int y, uint32_t bar) const {
+      const int a0 = 4 * oc;
+#pragma unroll
+      for (int a = a0; a < a0 + 4; ++a) sm90::tma_load_2d(dst + a * Tile::kAtomBytes, &maps.main, 128 * a, y, bar);
+    }
+    // group 1's thread 0, once the slot's P is free: the rope atom (its bytes are in group 1's
+    // group_bytes)
+    MLAGEN_DEVICE static void p_boxes(uint32_t dst, const KvMapsAbi& maps, int y, uint32_t bar) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int rope0 = KvMapsAbi::kRopeBoxRows * h;
+        sm90::tma_load_2d(dst + kPTileOffset + rope0 * 128, &maps.rope, 128 * kRopeAtom, y + rope0, bar);
+      }
+    }
+    // chunk wt % 8 of rows wt / 8 + 16 i of the group's V atoms, and (after wait_p) of rows
+    // 32 oc + wt / 8 + 16 i of the rope atom
+    template <class Rows, class WaitP>
+    MLAGEN_DEVICE void rows(uint32_t dst, const Params& p, const Rows& kv, int tok0, int rows_left, bool& page_bad,
+                            WaitP&& wait_p) const {
+      const int a0 = 4 * oc;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int r = rm + 16 * i;
+        const uint8_t* src = r < rows_left ? kv.ptr(tok0 + r, page_bad) : nullptr;
+#pragma unroll
+        for (int a = a0; a < a0 + 4; ++a)
+          sm90::cp_async_16(dst + dst_main + i * 2048 + a * Tile::kAtomBytes, src ? src + a * 128 + c8 * 16 : p.kv,
+                            src != nullptr);
+      }
+      wait_p();
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int rr = rm + 16 * i + 32 * oc;  // (rr % 8 == rm % 8: the same swizzled chunk)
+        const uint8_t* rs = rr < rows_left ? kv.ptr(tok0 + rr, page_bad) : nullptr;
+        sm90::cp_async_16(dst + dst_main + (i + 2 * oc) * 2048 + kPTileOffset, rs ? rs + 128 * kRopeAtom + c8 * 16 : p.kv,
+                          rs != nullptr);
+      }
+    }
+  };
+
+  template <QFormat Q, bool kLo, class L, class DimOf>
+  MLAGEN_DEVICE static float stage_q(const QQuant& qq, const uint2 (&raw)[18], uint32_t s_q, int r, DimOf&& dim_of) {
+    static_assert(!kLo, "bf16 q: one part");
+#pragma unroll
+    for (int i = 0; i < 18; ++i) {
+      const float4 v = q4_from_raw<Q>(qq, raw[i]);  // exact in bf16 for every q format
+      const uint32_t at = s_q + L::q_at(r, 2 * dim_of(i));
+      sm90::sts32(at, sm90::pack_bf16x2_rn(v.x, v.y));
+      sm90::sts32(at + 4, sm90::pack_bf16x2_rn(v.z, v.w));
+    }
+    return 1.f;
+  }
+
+  // S^T = K Q^T: 36 k-steps of 16 dims (4 into each atom), from the wgmma fence on
+  template <int kSN, int kQLbo>
+  MLAGEN_DEVICE static void s_chain(float (&s)[kSN / 2], uint32_t tile, uint64_t q_desc) {
+    using namespace sm90;
+    const uint64_t k_desc = wgmma_desc(tile, 16, 1024, WgmmaSwizzle::k128B);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < 4 * Tile::kAtoms; ++ks) {
+      const uint64_t a = wgmma_desc_advance(k_desc, (ks / 4) * Tile::kAtomBytes + (ks % 4) * 32);
+      const uint64_t b = wgmma_desc_advance(q_desc, 2 * ks * kQLbo);
+      if constexpr (kSN == 64) {
+        if (ks == 0) wgmma_m64n64k16_bf16_ss_first(s, a, b);
+        else wgmma_m64n64k16_bf16_ss(s, a, b, 1);
+      } else {
+        static_assert(kSN == 32, "bf16 S^T: N = 64 or 32 rows");
+        if (ks == 0) wgmma_m64n32k16_bf16_ss_first(s, a, b);
+        else wgmma_m64n32k16_bf16_ss(s, a, b, 1);
+      }
+    }
+  }
+
+  MLAGEN_DEVICE static uint32_t pack_p(float p0, float p1) { return sm90::pack_bf16x2_rn(p0, p1); }
+
+  MLAGEN_DEVICE static int o_dim(int oc, int w, int g, int i) { return 256 * oc + 64 * (i % 4) + 16 * w + g + 8 * (i / 4); }
+  static constexpr bool kODimsContiguous = false;
+
+  // O^T += V^T P^T for the group's 256 dims (atoms 4 oc .. 4 oc + 3): 4 k-steps x 4 m64 blocks,
+  // one commit group; the caller waits for it.
+  template <int R, int kPLbo>
+  struct OStep {
+    int oc;
+    MLAGEN_DEVICE OStep(int oc_, int, int, int) : oc(oc_) {}
+    MLAGEN_DEVICE void run(float (&o)[4][R / 2], uint32_t tile, uint64_t p_desc) const {
+      using namespace sm90;
+      constexpr int BN = Tile::kBlockN;
+      const uint64_t v_desc = wgmma_desc(tile + 4 * oc * Tile::kAtomBytes, Tile::kAtomBytes, 1024, WgmmaSwizzle::k128B);
+#pragma unroll
+      for (int mb = 0; mb < 4; ++mb) wgmma_fence_regs(o[mb]);
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < BN / 16; ++ks)
+#pragma unroll
+        for (int mb = 0; mb < 4; ++mb) {
+          const uint64_t a = wgmma_desc_advance(v_desc, mb * Tile::kAtomBytes + ks * 2048);
+          const uint64_t b = wgmma_desc_advance(p_desc, 2 * ks * kPLbo);
+          if constexpr (R == 64) wgmma_m64n64k16_bf16_ss_mn(o[mb], a, b);
+          else wgmma_m64n32k16_bf16_ss_mn(o[mb], a, b);
+        }
+      wgmma_commit();
+    }
+  };
+};
+
+template <int kStages_, QFormat kQ_, int kRows_, KvFormat kKv_ = KvFormat::kFp8>
 struct RowsLayout {
   static_assert(kRows_ == 32 || kRows_ == 64, "the rows body takes 32 or 64 query rows a block");
-  using Tile = WgLayout<kStages_, KvFormat::kFp8>;
+  using F = RowsKv<kKv_, kStages_>;
+  using Tile = typename F::Tile;
   static constexpr int kBlockN = Tile::kBlockN, kStages = kStages_, kRows = kRows_, kThreads = 384;
   static constexpr int kSlots = kRows / 4;  // query rows a group-0 thread holds (S^T columns 8 j + 2 t + e)
-  static constexpr bool kQLo = kQ_ == QFormat::kBf16;
+  static constexpr bool kQLo = F::q_split(kQ_);
   static constexpr int kSN = kQLo ? 2 * kRows : kRows;  // N of the S^T chain
-  static constexpr int kQLbo = 128, kQSbo = Tile::kChunksPerRow * 128, kQBytes = kSN / 8 * kQSbo;
+  static constexpr int kQLbo = 128, kQSbo = F::kQRowBytes / 16 * 128, kQBytes = kSN / 8 * kQSbo;
   static constexpr int kPLbo = 128, kPSbo = kBlockN / 8 * 128, kPBytes = kRows / 8 * kPSbo;  // one slot
+  // Two P slots (group 0 writes tile i's P while the O groups read tile i - 1's): of their own, or
+  // (F::kPInTile) each tile's own, in its stage (F::kPTileOffset)
+  static constexpr int kPSlots = 2;
+  static_assert(!F::kPInTile || (kStages == kPSlots && kPBytes <= F::kPTileBytes), "P in the tile: a slot a stage");
   static constexpr int kQOffset = kStages * Tile::kStageBytes;
-  static constexpr int kPOffset = kQOffset + kQBytes;                 // [2] P^T slots
-  static constexpr int kAlphaOffset = kPOffset + 2 * kPBytes;         // [2][64] rescale factors
-  static constexpr int kRedOffset = kAlphaOffset + 2 * kRows * 4;     // [4 warps][64] maxima / sums
+  static constexpr int kPOffset = kQOffset + kQBytes;                 // [2] P^T slots (or none)
+  static constexpr int kAlphaOffset = kPOffset + (F::kPInTile ? 0 : kPSlots * kPBytes);  // [2][64] rescale factors
+  static constexpr int kRedOffset = kAlphaOffset + kPSlots * kRows * 4;  // [4 warps][64] maxima / sums
   static constexpr int kColOffset = kRedOffset + 4 * kRows * 4;       // [64] S factors (1 / c x s_scale)
   static constexpr int kEndOffset = kColOffset + kRows * 4;           // [64] causal ends
   static constexpr int kLOffset = kEndOffset + kRows * 4;             // [64] final sums
@@ -87,14 +389,15 @@ struct RowsLayout {
   }
 };
 
-// The rows body's tiling (codegen/spec.py block_m 32 or 64): fp8 KV only.
-template <int kStages_, QFormat kQ_, int kRows_>
+// The rows body's tiling (codegen/spec.py block_m 32 or 64, ROWS_BODY): fp8 or bf16 KV.
+template <int kStages_, QFormat kQ_, int kRows_, KvFormat kKv_ = KvFormat::kFp8>
 struct RowsTiling {
-  using L = RowsLayout<kStages_, kQ_, kRows_>;
-  static constexpr KvFormat kKv = KvFormat::kFp8;
+  static_assert(kKv_ == KvFormat::kFp8 || kKv_ == KvFormat::kBf16, "the rows body: fp8 or bf16 KV");
+  using L = RowsLayout<kStages_, kQ_, kRows_, kKv_>;
+  static constexpr KvFormat kKv = kKv_;
   static constexpr QFormat kQ = kQ_;
   template <QFormat Q>
-  using WithQ = RowsTiling<kStages_, Q, kRows_>;
+  using WithQ = RowsTiling<kStages_, Q, kRows_, kKv_>;
   static constexpr bool kRowsBody = true, kWide = false, kWarpgroup = false;
   static constexpr int kRowsPerBlock = L::kRows;
   static constexpr float kVUnit = 1.f;  // partial O is in KV units (the combine applies the KV scale)
@@ -108,8 +411,9 @@ template <class T, class Shape>
 MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* smem) {
   using namespace sm90;
   using L = typename T::L;
+  using F = typename L::F;  // the KV format's policy (RowsKv)
   using Tile = typename L::Tile;
-  constexpr int BN = L::kBlockN, ST = L::kStages, R = L::kRows, NS = L::kSlots;
+  constexpr int BN = L::kBlockN, ST = L::kStages, R = L::kRows, NS = L::kSlots, PS = L::kPSlots;
   constexpr bool kLo = L::kQLo;
   const uint32_t s_raw = smem_addr(smem);
   const uint32_t s_base = (s_raw + Tile::kAlign - 1) & ~static_cast<uint32_t>(Tile::kAlign - 1);
@@ -151,49 +455,42 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
   }
   __syncthreads();  // the barriers' init, before the first copies arrive on them
 
-  // ---- the copies. O group oc copies what it alone reads, V dims 256 oc .. + 255 (atoms 2 oc,
-  // 2 oc + 1), and rope rows 32 oc .. + 31, which S read; as soon as its O(j) is done it refills
-  // stage j's slot with tile j + ST. A full tile of rows back to back is the bulk tensor copy:
-  // thread 0 of the group issues its three boxes (KvMaps) with the bytes they bring on
+  // ---- the copies. O group oc copies what it alone reads, V dims 256 oc .. + 255, and half the
+  // rope rows (32 oc .. + 31), which S read (F::Copy: which atoms and boxes); as soon as its O(j)
+  // is done it refills stage j's slot with tile j + ST. A full tile of rows back to back is the
+  // bulk tensor copy: thread 0 of the group issues its boxes (KvMaps) with the bytes they bring on
   // kv_full[slot], the group's other threads arrive on it. A short last tile (or rows on pages
-  // shorter than a tile) goes row by row by cp.async, zero-filled past the end (thread wt: chunk
-  // wt % 8 of rows wt / 8 + 16 i, rope chunk wt % 4 of row 32 oc + wt / 4), each thread arriving
-  // when its copies land. Either way kv_full[slot] completes with 256 arrivals once the tile is in.
+  // shorter than a tile) goes row by row by cp.async, zero-filled past the end, each thread
+  // arriving when its copies land. Either way kv_full[slot] completes with 256 arrivals once the
+  // tile is in.
   const int oc = grp - 1;
-  const int c8 = wt % 8, rm = wt / 8, c4 = wt % 4, rr = wt / 4 + 32 * oc;
-  const uint32_t dst_main = (rm / 8) * 1024 + (rm % 8) * 128 + ((c8 ^ (rm % 8)) * 16);
-  const uint32_t dst_rope = Tile::kRopeOffset + (rr / 8) * 512 + (rr % 8) * 64 + ((c4 ^ ((rr % 8) / 2)) * 16);
-  // what one O group brings: two atoms (its V dims) and one rope box (half the rows)
-  constexpr uint32_t kBytes = 2 * Tile::kAtom128Bytes + KvMaps::kRopeBoxRows * KvMaps::kRopeBoxBytes;
-  static_assert(2 * kBytes == Tile::kStageBytes && KvMaps::kMainBoxRows == BN && 2 * KvMaps::kRopeBoxRows == BN,
-                "a tile's boxes");
-  const int a0 = 2 * oc, rope0 = KvMaps::kRopeBoxRows * oc;  // the group's first atom, rope row
+  const typename F::Copy copy(oc, wt);
   auto issue_tile = [&](int j) {
     if (j >= ntiles) return;
     const int tok0 = tok_begin + j * BN, rows_left = tok_end - tok0;
     const uint32_t dst = s_base + (j % ST) * Tile::kStageBytes, bar = kv_full(j % ST);
+    // P in the tile (F::kPInTile): the slot's P is free once both O groups are done with tile j - ST
+    auto wait_p = [&] {
+      if (j >= ST) mbarrier_wait(empty(j % ST), ((j - ST) / ST) & 1);
+    };
     if (rows_left >= BN && rows.template tile_contiguous<BN>()) {  // (uniform)
       if (wt == 0) {
         const int y = static_cast<int>(rows.row(tok0, page_bad));
-        mbarrier_arrive_expect_tx(bar, kBytes);
-#pragma unroll
-        for (int a = a0; a < a0 + 2; ++a) tma_load_2d(dst + a * Tile::kAtom128Bytes, &maps.main, 128 * a, y, bar);
-        tma_load_2d(dst + Tile::kRopeOffset + rope0 * KvMaps::kRopeBoxBytes, &maps.rope, 512, y + rope0, bar);
+        mbarrier_arrive_expect_tx(bar, F::group_bytes(oc));
+        copy.boxes(dst, maps, y, bar);
       } else {
         mbarrier_arrive(bar);
       }
+      if constexpr (F::kPInTile)  // the rope atom: group 1's warp 0 waits (uniform), its thread 0 issues
+        if (oc == 0 && wt < 32) {
+          wait_p();
+          if (wt == 0) {
+            bool unused = false;  // (the row was checked above)
+            F::Copy::p_boxes(dst, maps, static_cast<int>(rows.row(tok0, unused)), bar);
+          }
+        }
     } else {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int r = rm + 16 * i;
-        const uint8_t* src = r < rows_left ? rows.ptr(tok0 + r, page_bad) : nullptr;
-#pragma unroll
-        for (int a = a0; a < a0 + 2; ++a)
-          cp_async_16(dst + dst_main + i * 2048 + a * Tile::kAtom128Bytes, src ? src + a * 128 + c8 * 16 : p.kv,
-                      src != nullptr);
-      }
-      const uint8_t* src = rr < rows_left ? rows.ptr(tok0 + rr, page_bad) : nullptr;
-      cp_async_16(dst + dst_rope, src ? src + 512 + c4 * 16 : p.kv, src != nullptr);
+      copy.rows(dst, p, rows, tok0, rows_left, page_bad, wait_p);
       cp_async_mbarrier_arrive_noinc(bar);
     }
   };
@@ -210,11 +507,7 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
       uint2 raw[18];
 #pragma unroll
       for (int i = 0; i < 18; ++i) raw[i] = load_q4_raw<T::kQ>(p, qr.token(r), qr.head(r), dim_of(i));
-      const float inv_c = stage_q_row<T::kQ, kLo>(qq, raw, [&](int i, uint32_t hi, uint32_t lo) {
-        const int d = dim_of(i);
-        sts32(s_q + L::q_at(r, d), hi);
-        if constexpr (kLo) sts32(s_q + L::q_at(R + r, d), lo);
-      });
+      const float inv_c = F::template stage_q<T::kQ, kLo, L>(qq, raw, s_q, r, dim_of);
       if (part == 0) {
         row_cs[r] = inv_c * (kv_scale * qq.scale * p.sm_scale * kLog2e);
         row_end[r] = min(tok_end, qr.key_end(r));
@@ -241,31 +534,15 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
       fence_proxy_async_smem();  // (a short tile's cp.async writes, before the wgmmas read them)
       const uint32_t tile = s_base + (it % ST) * Tile::kStageBytes;
       float s[L::kSN / 2];
-      const uint64_t k_desc = wgmma_desc(tile, 16, 1024, WgmmaSwizzle::k128B);
-      const uint64_t rope_desc = wgmma_desc(tile + Tile::kRopeOffset, 16, 512, WgmmaSwizzle::k64B);
-      wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < Tile::kChunksPerRow / 2; ++ks) {
-        const uint64_t a = ks < 16 ? wgmma_desc_advance(k_desc, (ks / 4) * Tile::kAtom128Bytes + (ks % 4) * 32)
-                                   : wgmma_desc_advance(rope_desc, (ks - 16) * 32);
-        const uint64_t b = wgmma_desc_advance(q_desc, 2 * ks * L::kQLbo);
-        if constexpr (L::kSN == 128) {
-          if (ks == 0) wgmma_m64n128k32_e4m3_ss_first(s, a, b);
-          else wgmma_m64n128k32_e4m3_ss(s, a, b);
-        } else if constexpr (L::kSN == 64) {
-          if (ks == 0) wgmma_m64n64k32_e4m3_ss_first(s, a, b);
-          else wgmma_m64n64k32_e4m3_ss(s, a, b, 1);
-        } else {
-          if (ks == 0) wgmma_m64n32k32_e4m3_ss_first(s, a, b);
-          else wgmma_m64n32k32_e4m3_ss(s, a, b, 1);
-        }
-      }
+      F::template s_chain<L::kSN, L::kQLbo>(s, tile, q_desc);  // (fenced)
       wgmma_commit();
       wgmma_wait<0>();
       wgmma_fence_regs(s);
       // this tile's P, factors and flag go to slot it % 2: tile it - 2's O must be done with it
-      // (long since, as a rule: O(it - 1) ran under this S)
-      if (it >= 2) mbarrier_wait(empty(it % 2), ((it - 2) / 2) & 1);
+      // (long since, as a rule: O(it - 1) ran under this S). P in the tile: its slot is this tile's
+      // own, and tile it landed after O(it - 2) was done (its copies go out then): no wait.
+      if constexpr (!F::kPInTile)
+        if (it >= 2) mbarrier_wait(empty(it % 2), ((it - 2) / 2) & 1);
 
       const int tok0 = tok_begin + it * BN;
       const bool masked = tok0 + BN > min_end;  // (uniform)
@@ -288,9 +565,9 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
         grow |= fmaxf(s[4 * j + e], s[4 * j + 2 + e]) > m[k] + kLazyLog2;
       }
       grow = named_barrier_or(1, 128, grow);
-      const uint32_t s_pt = s_p + (it % 2) * L::kPBytes;
+      const uint32_t s_pt = F::kPInTile ? tile + F::kPTileOffset : s_p + (it % PS) * L::kPBytes;
       if (grow) {
-        float* alpha_t = alpha_x + (it % 2) * R;
+        float* alpha_t = alpha_x + (it % PS) * R;
         float mx[NS];  // this warp's max of each row over its 16 tokens
 #pragma unroll
         for (int k = 0; k < NS; ++k) {
@@ -314,7 +591,7 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
           if (w == 0 && g == 0) alpha_t[row] = alpha;
         }
       }
-      if (wt == 0) rescaled[it % 2] = grow;
+      if (wt == 0) rescaled[it % PS] = grow;
       // P, and P^T into its slot: the thread's scores of rows 8 j + 2 t + {0, 1} at token
       // row0 + 8 r are one 8 x 8 fragment (j, r) of S^T; stmatrix .trans stores each fragment
       // as 8 query rows of 8 tokens, the O wgmma's B layout (L::p_at), four fragments an instruction
@@ -327,14 +604,14 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
         for (int r = 0; r < 2; ++r) {
           const float p0 = fast_exp2(s[4 * j + 2 * r] - mb0), p1 = fast_exp2(s[4 * j + 2 * r + 1] - mb1);
           l[k] += p0, l[k + 1] += p1;
-          ph[2 * j + r] = pack_f16x2(p0, p1);
+          ph[2 * j + r] = F::pack_p(p0, p1);
         }
       }
 #pragma unroll
       for (int q4 = 0; q4 < R / 16; ++q4)
         stmatrix_x4_trans(s_pt + p_lane + q4 * 2 * L::kPSbo, ph[4 * q4], ph[4 * q4 + 1], ph[4 * q4 + 2], ph[4 * q4 + 3]);
       fence_proxy_async_smem();
-      mbarrier_arrive(full(it % 2));
+      mbarrier_arrive(full(it % PS));
     }
     // l over the 8 row lanes and the 4 warps, for the O groups' epilogue; the rows' states
 #pragma unroll
@@ -357,7 +634,7 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
     // arrivals on empty, so after the last tile's phase group 0 sees it, and so do the O groups
     // after sums_ready. (No block barrier: one reached from the two roles' code is divergent to
     // synccheck.)
-    if (rows.paged() && ntiles > 0) mbarrier_wait(empty((ntiles - 1) % 2), ((ntiles - 1) / 2) & 1);
+    if (rows.paged() && ntiles > 0) mbarrier_wait(empty((ntiles - 1) % PS), ((ntiles - 1) / PS) & 1);
     const bool bad = (rows.paged() && *any_bad_page != 0) || seq.bad;
     // l_final for the O groups, through an mbarrier
     mbarrier_arrive(sums_ready);
@@ -371,34 +648,17 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
   } else {
     // ======== groups 1, 2: O^T of their 256 dims for all 64 rows ============================
     setmaxnreg_inc<L::kRegsO>();
-    const int dv = 256 * oc + 8 * (8 * w + g);
     float o[4][R / 2];
 #pragma unroll
     for (int mb = 0; mb < 4; ++mb)
 #pragma unroll
       for (int i = 0; i < R / 2; ++i) o[mb][i] = 0.f;
-    uint32_t voff[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) voff[i] = Tile::kv_at(2 * t + (i % 2) + 8 * (i / 2), dv);
-    // V^T fragments: each thread's 8 dims of tokens 2 t + {0, 1, 8, 9} of k-step ks (one 8-byte
-    // load a token), then, per m64 block mb, byte mb of each 4-dim word pairs the two tokens
-    // (prmt) and widens to f16x2 (cvt.f16x2.e4m3x2, exact)
-    auto v_load = [&](uint32_t tile, int ks, uint2 (&x)[4]) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) x[i] = lds64(tile + voff[i] + ks * 2048);
-    };
-    auto v_convert = [&](const uint2 (&x)[4], int mb, uint32_t (&am)[4]) {
-      const uint32_t sel = ((4 + mb) << 4) | mb;
-      am[0] = e4m3x2_f2fp(static_cast<uint16_t>(__byte_perm(x[0].x, x[1].x, sel)));
-      am[1] = e4m3x2_f2fp(static_cast<uint16_t>(__byte_perm(x[0].y, x[1].y, sel)));
-      am[2] = e4m3x2_f2fp(static_cast<uint16_t>(__byte_perm(x[2].x, x[3].x, sel)));
-      am[3] = e4m3x2_f2fp(static_cast<uint16_t>(__byte_perm(x[2].y, x[3].y, sel)));
-    };
+    const typename F::template OStep<R, L::kPLbo> o_step(oc, w, g, t);
     for (int it = 0; it < ntiles; ++it) {
-      mbarrier_wait(full(it % 2), (it / 2) & 1);
+      mbarrier_wait(full(it % PS), (it / PS) & 1);
       const uint32_t tile = s_base + (it % ST) * Tile::kStageBytes;
-      const float* alpha_t = alpha_x + (it % 2) * R;
-      if (rescaled[it % 2])  // (uniform)
+      const float* alpha_t = alpha_x + (it % PS) * R;
+      if (rescaled[it % PS])  // (uniform)
 #pragma unroll
         for (int j = 0; j < R / 8; ++j) {
           const float2 f = *reinterpret_cast<const float2*>(alpha_t + 8 * j + 2 * t);
@@ -407,31 +667,14 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
 #pragma unroll
             for (int i = 0; i < 4; ++i) o[mb][4 * j + i] *= (i % 2) ? f.y : f.x;
         }
-      const uint64_t p_desc = wgmma_desc(s_p + (it % 2) * L::kPBytes, L::kPLbo, L::kPSbo);
-      // One commit group a wgmma: block mb's fragment for k-step ks is rebuilt as soon as k-step
-      // ks - 1's wgmma of block mb is done (wait<3>: the three issued after it may fly), so the
-      // tensor cores always hold three of this group's wgmmas while it converts the next fragment
-      uint2 x[4];
-      uint32_t a[4][4];
-      v_load(tile, 0, x);
-#pragma unroll
-      for (int ks = 0; ks < BN / 16; ++ks)
-#pragma unroll
-        for (int mb = 0; mb < 4; ++mb) {
-          if (ks > 0) wgmma_wait<3>();
-          v_convert(x, mb, a[mb]);
-          if (mb == 3 && ks + 1 < BN / 16) v_load(tile, ks + 1, x);
-          wgmma_fence_regs(o[mb]), wgmma_fence_regs(a[mb]);
-          wgmma_fence();
-          if constexpr (R == 64) wgmma_m64n64k16_f16_rs(o[mb], a[mb], wgmma_desc_advance(p_desc, 2 * ks * L::kPLbo));
-          else wgmma_m64n32k16_f16_rs(o[mb], a[mb], wgmma_desc_advance(p_desc, 2 * ks * L::kPLbo));
-          wgmma_commit();
-        }
+      const uint64_t p_desc =
+          wgmma_desc(F::kPInTile ? tile + F::kPTileOffset : s_p + (it % PS) * L::kPBytes, L::kPLbo, L::kPSbo);
+      o_step.run(o, tile, p_desc);  // O^T += V^T P^T (F::OStep)
       wgmma_wait<0>();
 #pragma unroll
       for (int mb = 0; mb < 4; ++mb) wgmma_fence_regs(o[mb]);
       if (page_bad) *any_bad_page = 1;  // (before the arrival: see group 0's epilogue)
-      mbarrier_arrive(empty(it % 2));
+      mbarrier_arrive(empty(it % PS));
       if (it + ST < ntiles) {  // (uniform)
         // this group's part of slot it % ST is read by all its warps (each reads every row of its
         // dims; each copies a quarter of the rows): the copies go out after all four warps' loads
@@ -454,16 +697,30 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
         for (int mb = 0; mb < 4; ++mb)
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh) ov[mb + 4 * hh] = o[mb][4 * j + 2 * hh + e] * inv;
-        if (splits == 1) {
+        // (value i is dim F::o_dim(oc, w, g, i))
+        if constexpr (F::kODimsContiguous) {
+          const int dv = F::o_dim(oc, w, g, 0);
+          if (splits == 1) {
+            if (qr.owns(br)) {
+              uint16_t* out = p.out + qr.token(br) * p.out_stride_token + qr.head(br) * p.out_stride_head + dv;
+              *reinterpret_cast<uint4*>(out) = make_uint4(pack_bf16x2(ov[0], ov[1]), pack_bf16x2(ov[2], ov[3]),
+                                                          pack_bf16x2(ov[4], ov[5]), pack_bf16x2(ov[6], ov[7]));
+            }
+          } else {
+            float4* po = reinterpret_cast<float4*>(p.part_o + qr.part(br) * kVDim + dv);
+            po[0] = make_float4(ov[0], ov[1], ov[2], ov[3]);
+            po[1] = make_float4(ov[4], ov[5], ov[6], ov[7]);
+          }
+        } else if (splits == 1) {  // single values: the 8 lanes g of a row write 8 dims back to back
           if (qr.owns(br)) {
-            uint16_t* out = p.out + qr.token(br) * p.out_stride_token + qr.head(br) * p.out_stride_head + dv;
-            *reinterpret_cast<uint4*>(out) = make_uint4(pack_bf16x2(ov[0], ov[1]), pack_bf16x2(ov[2], ov[3]),
-                                                        pack_bf16x2(ov[4], ov[5]), pack_bf16x2(ov[6], ov[7]));
+            uint16_t* out = p.out + qr.token(br) * p.out_stride_token + qr.head(br) * p.out_stride_head;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) out[F::o_dim(oc, w, g, i)] = static_cast<uint16_t>(pack_bf16x2(ov[i], 0.f));
           }
         } else {
-          float4* po = reinterpret_cast<float4*>(p.part_o + qr.part(br) * kVDim + dv);
-          po[0] = make_float4(ov[0], ov[1], ov[2], ov[3]);
-          po[1] = make_float4(ov[4], ov[5], ov[6], ov[7]);
+          float* po = p.part_o + qr.part(br) * kVDim;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) po[F::o_dim(oc, w, g, i)] = ov[i];
         }
       }
   }
