@@ -198,9 +198,11 @@ class KernelSpec:
 
     @property
     def merges_own_splits(self) -> bool:
-        """The decode merges its own splits (its last block of a sequence combines the partials):
-        no `_combine` entry. The generated file static_asserts this against the body's own trait."""
-        return self.native_fp8
+        """The decode merges its own splits (the last block of a (sequence, row group) to finish
+        combines the partials, runtime/include/mlagen/device/mla_common.cuh merge_own_splits): no
+        `_combine` entry. Every sm90a body and the gfx950 native fp8 one; the gfx9 MFMA bodies keep
+        the combine. The generated file static_asserts this against the body's own trait."""
+        return self.native_fp8 or self.vendor == "nvidia"
 
     @property
     def entry_points(self) -> tuple[str, ...]:
