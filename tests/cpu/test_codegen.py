@@ -242,12 +242,14 @@ def test_rows_body_specs_round_trip_and_validate():
 
 
 def test_which_bodies_merge_their_own_splits():
-    """Every sm90a body and the gfx950 native fp8 one merge their splits inside the decode launch
-    (mla_common.cuh merge_own_splits): no `_combine` entry; the gfx9 MFMA bodies keep it. The
+    """The sm90a 16-row bodies and the gfx950 native fp8 one merge their splits inside the decode
+    launch (mla_common.cuh merge_own_splits): no `_combine` entry; the sm90a rows body and the gfx9
+    MFMA bodies keep it. The
     generated file static_asserts the same against the body's trait, and tools/embed.py against
     the code object's LaunchInfo."""
     for s in catalog.build_catalog():
-        merges = s.arch == "sm90a" or s.body == "gfx950_fp8"
+        merges = (s.arch == "sm90a" and not s.rows_body) or s.body == "gfx950_fp8"
         assert s.merges_own_splits == merges, s.name
         assert (s.name + "_combine" in s.entry_points) == (s.splits != 1 and not merges), s.name
-    assert any(s.arch == "gfx942" and s.splits > 1 for s in catalog.build_catalog())  # the combine is still built
+    built = catalog.build_catalog()  # the combine is still built for both
+    assert any(s.arch == "gfx942" and s.splits > 1 for s in built) and any(s.rows_body and s.splits > 1 for s in built)

@@ -1,13 +1,15 @@
-"""GPU tests of the split merge inside the decode launch: every sm90a kernel merges its own splits
-(runtime/include/mlagen/device/mla_common.cuh merge_own_splits: the last split of a (sequence, row
-group) to finish, counted in the workspace, combines the partials; codegen/spec.py
-merges_own_splits), so no `_combine` entry runs.
+"""GPU tests of the split merge inside the decode launch: the sm90a 16-row kernels (mma.sync and
+warpgroup bodies) merge their own splits (runtime/include/mlagen/device/mla_common.cuh
+merge_own_splits: the last split of a (sequence, row group) to finish, counted in the workspace,
+combines the partials; codegen/spec.py merges_own_splits), so no `_combine` entry runs; the rows
+body keeps its combine kernel (the same merge_row).
 
 Every sm90a kernel that splits, specialized (contiguous and paged) and generic (each body, splits
-forced), against float64 on the inputs the kernel sees, per (token, head) row, and its LSE; the same
-plan called back to back without a synchronization (the last split resets the counters for the
-next call); one plan on two streams at once (a workspace each) and two plans interleaved on one
-stream. Fresh random inputs each test (the seed in every message); outputs poisoned with NaN.
+forced; the rows body's through its combine), against float64 on the inputs the kernel sees, per
+(token, head) row, and its LSE; the same plan called back to back without a synchronization (the
+last split resets the counters for the next call); one plan on two streams at once (a workspace
+each) and two plans interleaved on one stream. Fresh random inputs each test (the seed in every
+message); outputs poisoned with NaN.
 """
 import json
 import math

@@ -20,7 +20,8 @@
 // The query is bf16, or fp8 with a per-tensor scale folded into S.
 // With one split the block writes the bf16 output; otherwise it writes an unnormalized
 // partial (O, running max m, running sum l), and the last split of its (sequence, row group) to
-// finish merges them (mla_common.cuh merge_own_splits), in every sm90 body.
+// finish merges them (mla_common.cuh merge_own_splits): the 16-row bodies (these two and the
+// warpgroup ones); the rows body's splits go to the combine kernel.
 #pragma once
 #include "mlagen/device/formats.cuh"
 #include "mlagen/device/mla_decode_sm90_wgmma.cuh"

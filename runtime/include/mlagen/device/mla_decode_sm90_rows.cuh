@@ -96,7 +96,6 @@ struct RowsTiling {
   template <QFormat Q>
   using WithQ = RowsTiling<kStages_, Q, kRows_>;
   static constexpr bool kRowsBody = true, kWide = false, kWarpgroup = false;
-  static constexpr bool kFusedCombine = true;  // mla_common.cuh merge_own_splits: no _combine entry
   static constexpr int kRowsPerBlock = L::kRows;
   static constexpr float kVUnit = 1.f;  // partial O is in KV units (the combine applies the KV scale)
   static constexpr int kBlockN = L::kBlockN, kStages = kStages_;
@@ -468,8 +467,6 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
         }
       }
   }
-  // (every warp, past its role: under the O groups' and group 0's register counts, 4 splits' loads a thread)
-  if (splits > 1) merge_own_splits<T, Shape, R, /*kVec=*/1, /*kGroup=*/8>(p);
 }
 
 }  // namespace mlagen::device
