@@ -149,7 +149,7 @@ def _check_fp8(inp, out, seed, what):
     assert worst <= bound, f"seed {seed} {what}: worst row rel_l2 {worst:.2e}"
 
 
-@pytest.mark.parametrize("shape", [(4, 1024), (4, 8192), (32, 1024), (64, 1024)])
+@pytest.mark.parametrize("shape", [(4, 1024), (4, 8192), (32, 1024), (64, 1024)], ids=lambda s: f"{s[0]}x{s[1]}")
 def test_same_plan_back_to_back_resets_the_counters(shape):
     """Five calls of one plan on one stream with no synchronization, each on other inputs: had the
     last split not set its counter back to 0, a later call's last split would not see itself last
