@@ -258,14 +258,17 @@ MLAGEN_DEVICE void mla_combine_block(const Params& p) {
 // function of its own (not inlined): ptxas allocates the body's main loop without it, so adding the
 // merge moves no register of the loop (inlined, the 255-register bodies' spills moved by a few bytes
 // either way, whatever the merge's size). Nothing is live across the call at the end of a body.
+// Params by value there: a reference would put the kernel's Params in local memory for the whole
+// kernel, to take its address. On AMD inlined (no call), by reference as everywhere else.
 #if defined(MLAGEN_NVIDIA)
 #define MLAGEN_MERGE_FN __device__ __noinline__
+#define MLAGEN_MERGE_PARAMS const Params
 #else
 #define MLAGEN_MERGE_FN MLAGEN_DEVICE
+#define MLAGEN_MERGE_PARAMS const Params&
 #endif
 template <class T, class Shape, int kRows, int kVec, int kGroup>
-MLAGEN_MERGE_FN void merge_block_rows(const Params p) {  // (by value: a reference would put the
-  // kernel's Params in local memory for the whole kernel, to take its address)
+MLAGEN_MERGE_FN void merge_block_rows(MLAGEN_MERGE_PARAMS p) {
   constexpr int kPieces = kVDim / (4 * kVec);
   const BlockCoord bc = block_coord<Shape, kRows>(p);
   const int b = bc.b, group = bc.group, splits = Shape::splits(p);

@@ -380,7 +380,7 @@ MLAGEN_DEVICE void decode_fp8_native(const Params& p, uint8_t* /*smem: unused, s
 #pragma unroll
   for (int e = 0; e < 32; e += 4) po[e / 4] = make_float4(acc[e], acc[e + 1], acc[e + 2], acc[e + 3]);
   if (threadIdx.x % 16 == 0) p.part_ml[qr.part(h)] = split_state(mh, lh, bad);
-  merge_own_splits<T, Shape, kGroupRows, /*kVec=*/8, /*kGroup=*/1>(p);  // mla_common.cuh
+  merge_own_splits<T, Shape, kGroupRows, /*kVec=*/4, /*kGroup=*/2>(p);  // mla_common.cuh (kVec 8 left 68 B of scratch in the generic kernel)
 #else
   (void)p;
   __builtin_trap();  // gfx950 only: the catalog never pairs this tiling with another arch
