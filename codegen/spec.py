@@ -203,13 +203,9 @@ class KernelSpec:
 
     @property
     def merges_own_splits(self) -> bool:
-        """The decode merges its own splits (the last block of a (sequence, row group) to finish
-        combines the partials, runtime/include/mlagen/device/mla_common.cuh merge_own_splits): no
-        `_combine` entry. The sm90a 16-row bodies (mma.sync and warpgroup) and the gfx950 native fp8
-        one; the sm90a rows body and the gfx9 MFMA bodies keep the combine (the rows body under its
-        setmaxnreg budgets: any merge in it moved its spills, tools/check_sm90.py). The generated
-        file static_asserts this against the body's own trait."""
-        return self.native_fp8 or (self.vendor == "nvidia" and not self.rows_body)
+        """The decode merges its own splits (its last block of a sequence combines the partials):
+        no `_combine` entry. The generated file static_asserts this against the body's own trait."""
+        return self.native_fp8
 
     @property
     def entry_points(self) -> tuple[str, ...]:

@@ -57,16 +57,13 @@ USED = re.compile(r"Used (\d+) registers")
 SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 PERF = re.compile(r"\((C75\d\d)\)\s*(.*)")
 FUNC = re.compile(r"function '([^']+)'")
-PROPS = re.compile(r"Function properties for (\S+)")  # an entry's, or a called (not inlined) function's
 
 
 def parse_ptxas(text: str) -> list[dict]:
     """ptxas -v output -> one record an entry function: name, registers, stack, spill bytes,
     and its C75xx messages (code, text). ptxas prints those messages before any entry's lines,
     naming the function; a message naming none, or a function with no entry, gets a record of
-    its own (name '?' or that name). A function an entry calls (not inlined: the split merge,
-    mla_common.cuh merge_block_rows) has its own "Function properties" lines: a record of its own
-    (no register count: the entry's includes it), judged like an entry."""
+    its own (name '?' or that name)."""
     funcs: list[dict] = []
     by_name: dict[str, dict] = {}
     messages: list[tuple[str | None, str, str]] = []
@@ -88,10 +85,6 @@ def parse_ptxas(text: str) -> list[dict]:
         if m:
             named = FUNC.search(line)
             messages.append((named[1] if named else None, m[1], m[2].strip()[:200]))
-            continue
-        m = PROPS.search(line)
-        if m:  # the spill line that follows is this function's (a callee: a record of its own)
-            current = record(m[1])
             continue
         if current is None:
             continue

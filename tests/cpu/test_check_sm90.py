@@ -38,26 +38,6 @@ def test_parser_reads_each_entry_its_registers_spills_and_messages():
     assert (dec["registers"], dec["stack"], dec["spill_stores"], dec["spill_loads"]) == (168, 40, 36, 88)
 
 
-CALLEE = """ptxas info    : Compiling entry function 'mla_decode_x' for 'sm_90a'
-ptxas info    : Function properties for mla_decode_x
-    288 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
-ptxas info    : Used 206 registers, used 1 barriers, 288 bytes cumulative stack size
-ptxas info    : Compile time = 443.692 ms
-ptxas info    : Function properties for _ZN6mlagen6device16merge_block_rowsE
-    0 bytes stack frame, 12 bytes spill stores, 16 bytes spill loads
-"""
-
-
-def test_parser_gives_a_called_function_its_own_record():
-    """A function the entry calls (the split merge, not inlined) prints its own properties after the
-    entry's: they are its own, not the entry's, and its spills are judged."""
-    funcs = {f["name"]: f for f in cs.parse_ptxas(CALLEE)}
-    ent, fn = funcs["mla_decode_x"], funcs["_ZN6mlagen6device16merge_block_rowsE"]
-    assert (ent["registers"], ent["stack"], ent["spill_stores"], ent["spill_loads"]) == (206, 288, 0, 0)
-    assert (fn["registers"], fn["spill_stores"], fn["spill_loads"]) == (None, 12, 16)
-    assert any("spills 12 B stored / 16 B loaded" in b for b in cs.judge("any.hip", list(funcs.values())))
-
-
 def test_judge_refuses_serialized_wgmmas_and_spills_beyond_the_known_bound():
     funcs = cs.parse_ptxas(REPORT)
     bad = cs.judge("mla_decode_sm90a_b64_kv8192_s2_qbf16_kvfp8e4m3fn_ql2_bn64_bm32.hip", funcs)

@@ -271,17 +271,3 @@ def test_bf16_kv_takes_the_rows_body_as_a_format_policy():
         assert (k.block_m, k.stages, k.q_dtype, k.body) == (block_m, 2, "bf16", "sm90_rows_bf16"), k.name
     generic = sorted((k.q_dtype, k.block_m) for k in cat if k.role == 3 and k.kv_dtype == "bf16")
     assert generic == [("bf16", 32), ("bf16", 64), ("fp8", 32), ("fp8", 64)], generic
-
-
-def test_which_bodies_merge_their_own_splits():
-    """The sm90a 16-row bodies and the gfx950 native fp8 one merge their splits inside the decode
-    launch (mla_common.cuh merge_own_splits): no `_combine` entry; the sm90a rows body and the gfx9
-    MFMA bodies keep it. The
-    generated file static_asserts the same against the body's trait, and tools/embed.py against
-    the code object's LaunchInfo."""
-    for s in catalog.build_catalog():
-        merges = (s.arch == "sm90a" and not s.rows_body) or s.body == "gfx950_fp8"
-        assert s.merges_own_splits == merges, s.name
-        assert (s.name + "_combine" in s.entry_points) == (s.splits != 1 and not merges), s.name
-    built = catalog.build_catalog()  # the combine is still built for both
-    assert any(s.arch == "gfx942" and s.splits > 1 for s in built) and any(s.rows_body and s.splits > 1 for s in built)

@@ -158,86 +158,17 @@ struct SplitMerge {
   MLAGEN_DEVICE float lse() const { return lse_of(mmax, lsum, bad); }
 };
 
-// A load of a value another block of this grid (or the decode grid before it) wrote: the split
-// partials. On NVIDIA past L1, whose lines are not kept coherent across SMs (read once anyway).
-template <class V>
-MLAGEN_DEVICE V load_partial(const V* at) {
-#if defined(MLAGEN_NVIDIA)
-  return __ldcg(at);
-#else
-  return *at;
-#endif
-}
-
-// Merges the splits' partials of one query row: acc[q] = sum_s w_s O_s[dim(q) .. dim(q) + 3] with
-// w_s = 2^(m_s - max m), the returned state's scale() and lse() finishing the row. Split s's partial
-// row is part0 + s * stride (rows of part_ml / part_o: QueryRows::part of split 0, and the rows
-// a split's partials take, row_groups * 16). kGroup splits' loads are in flight at once (one L2
-// round trip each kGroup splits). A split flagged bad (NaN sum) makes the row NaN.
-template <int kVec, int kGroup, class Dim>
-MLAGEN_DEVICE SplitMerge merge_row(const Params& p, int splits, int64_t part0, int64_t stride, Dim dim,
-                                   float4 (&acc)[kVec]) {
-  SplitMerge mg;
-#pragma unroll
-  for (int q = 0; q < kVec; ++q) acc[q] = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 1  // one group's loads in flight at a time: kGroup x kVec float4 of registers
-  for (int s0 = 0; s0 < splits; s0 += kGroup) {
-    float2 ml[kGroup];
-    float4 v[kGroup][kVec];
-#pragma unroll
-    for (int i = 0; i < kGroup; ++i) {
-      const int64_t at = part0 + min(s0 + i, splits - 1) * stride;  // past the end: read again, skipped below
-      ml[i] = load_partial(&p.part_ml[at]);
-#pragma unroll
-      for (int q = 0; q < kVec; ++q) v[i][q] = load_partial(reinterpret_cast<const float4*>(p.part_o + at * kVDim + dim(q)));
-    }
-#pragma unroll
-    for (int i = 0; i < kGroup; ++i) {
-      if (s0 + i >= splits) break;
-      float a, w;
-      if (!mg.add(ml[i], a, w)) continue;  // no tokens: weight 0
-#pragma unroll
-      for (int q = 0; q < kVec; ++q) {
-        acc[q].x = acc[q].x * a + w * v[i][q].x;
-        acc[q].y = acc[q].y * a + w * v[i][q].y;
-        acc[q].z = acc[q].z * a + w * v[i][q].z;
-        acc[q].w = acc[q].w * a + w * v[i][q].w;
-      }
-    }
-  }
-  return mg;
-}
-
-// Writes a merged row (merge_row) at (tok, head): its dims as bf16 times mg.scale(o_scale), and its
-// LSE where `lse_writer` (one thread a row).
-template <int kVec, class Dim>
-MLAGEN_DEVICE void store_merged_row(const Params& p, const SplitMerge& mg, float o_scale, int64_t tok, int head, Dim dim,
-                                    const float4 (&acc)[kVec], bool lse_writer) {
-  const float inv = mg.scale(o_scale);
-  uint16_t* out = p.out + tok * p.out_stride_token + head * p.out_stride_head;
-#pragma unroll
-  for (int q = 0; q < kVec; ++q)
-    *reinterpret_cast<uint2*>(out + dim(q)) =
-        make_uint2(pack_bf16x2(acc[q].x * inv, acc[q].y * inv), pack_bf16x2(acc[q].z * inv, acc[q].w * inv));
-  if (lse_writer && p.lse) p.lse[tok * p.lse_stride_token + head] = mg.lse();
-}
-
-// What a merged partial O is multiplied by besides 1 / l: the per-tensor KV scale where the body
-// leaves it to the end (fp8), times its partial-O unit (T::kVUnit).
-template <class T>
-MLAGEN_DEVICE float merge_o_scale(const Params& p) {
-  return T::kWide ? 1.f : kv_scale_of(p) * T::kVUnit;
-}
-
 // Merges the splits of one (sequence, query row): out = sum_s w_s O_s / sum_s w_s l_s with
 // w_s = 2^(m_s - max m), times the per-tensor KV scale where the kernel's path leaves it to
 // the end (fp8). 128 threads x 4 dims; grid = batch * row_groups * 16 (padding rows return).
 // Launched as a dependent grid (NVIDIA), it reads the call's own inputs while the decode
 // grid still runs, then merges online with the loads of 8 splits in flight at once: one L2
-// round trip per 8 splits after the wait.
+// round trip per 8 splits after the wait. A split flagged bad (NaN sum) makes the row NaN,
+// as one split does.
 // (entry.cuh: the body of a code object's `<name>_combine`, kCombineThreads a block.)
 template <class T, class Shape>
 MLAGEN_DEVICE void mla_combine_block(const Params& p) {
+  constexpr int kGroup = 8;
   const int per_seq = Shape::row_groups(p) * kGroupRows;
   const int b = blockIdx.x / per_seq, r = blockIdx.x % per_seq;
   const int splits = Shape::splits(p);
@@ -246,78 +177,39 @@ MLAGEN_DEVICE void mla_combine_block(const Params& p) {
   const int j = r % kGroupRows;
   if (!rows.owns(j)) return;
   const int64_t stride = static_cast<int64_t>(Shape::row_groups(p)) * kGroupRows;  // part rows a split
-  const float o_scale = merge_o_scale<T>(p);
+  const int64_t part0 = rows.part(j);  // split 0's row (slot b * splits)
+  const float o_scale = T::kWide ? 1.f : kv_scale_of(p) * T::kVUnit;
   wait_for_prior_grid();  // the decode grid's partials are complete and visible
-  auto dim = [](int) { return 4 * static_cast<int>(threadIdx.x); };
-  float4 acc[1];
-  const SplitMerge mg = merge_row<1, 8>(p, splits, rows.part(j), stride, dim, acc);  // from split 0's row (slot b * splits)
-  store_merged_row<1>(p, mg, o_scale, rows.token(j), rows.head(j), dim, acc, threadIdx.x == 0);
-}
-
-// The merge of the block's rows by the last split to finish (merge_own_splits, below). On NVIDIA a
-// function of its own (not inlined): ptxas allocates the body's main loop without it, so adding the
-// merge moves no register of the loop (inlined, the 255-register bodies' spills moved by a few bytes
-// either way, whatever the merge's size). Nothing is live across the call at the end of a body.
-// Params by value there: a reference would put the kernel's Params in local memory for the whole
-// kernel, to take its address. On AMD inlined (no call), by reference as everywhere else.
-#if defined(MLAGEN_NVIDIA)
-#define MLAGEN_MERGE_FN __device__ __noinline__
-#define MLAGEN_MERGE_PARAMS const Params
-#else
-#define MLAGEN_MERGE_FN MLAGEN_DEVICE
-#define MLAGEN_MERGE_PARAMS const Params&
-#endif
-template <class T, class Shape, int kRows, int kVec, int kGroup>
-MLAGEN_MERGE_FN void merge_block_rows(MLAGEN_MERGE_PARAMS p) {
-  constexpr int kPieces = kVDim / (4 * kVec);
-  const BlockCoord bc = block_coord<Shape, kRows>(p);
-  const int b = bc.b, group = bc.group, splits = Shape::splits(p);
-  const QueryTokens qt = Shape::query(p, b);
-  const QueryRows qr = query_rows<Shape, kRows>(p, BlockCoord{b, 0, group}, qt.row, qt.n, 0);  // split 0's rows
-  const int64_t stride = static_cast<int64_t>(Shape::row_groups(p)) * kGroupRows;  // part rows a split
-  const float o_scale = merge_o_scale<T>(p);
-#pragma unroll 1
-  for (int item = threadIdx.x; item < kRows * kPieces; item += T::kThreads) {
-    const int j = item / kPieces, c = item % kPieces;
-    if (!qr.owns(j)) continue;  // a padding row
-    auto dim = [c](int q) { return 4 * c + 4 * kPieces * q; };
-    float4 acc[kVec];
-    const SplitMerge mg = merge_row<kVec, kGroup>(p, splits, qr.part(j), stride, dim, acc);
-    store_merged_row<kVec>(p, mg, o_scale, qr.token(j), qr.head(j), dim, acc, c == 0);
+  SplitMerge mg;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int s0 = 0; s0 < splits; s0 += kGroup) {
+    float2 ml[kGroup];
+    float4 v[kGroup];
+#pragma unroll
+    for (int i = 0; i < kGroup; ++i) {
+      const int64_t at = part0 + min(s0 + i, splits - 1) * stride;  // past the end: read again, skipped below
+      ml[i] = p.part_ml[at];
+      v[i] = reinterpret_cast<const float4*>(p.part_o + at * kVDim)[threadIdx.x];
+    }
+#pragma unroll
+    for (int i = 0; i < kGroup; ++i) {
+      if (s0 + i >= splits) break;
+      float a, w;
+      if (!mg.add(ml[i], a, w)) continue;  // no tokens: weight 0
+      acc.x = acc.x * a + w * v[i].x;
+      acc.y = acc.y * a + w * v[i].y;
+      acc.z = acc.z * a + w * v[i].z;
+      acc.w = acc.w * a + w * v[i].w;
+    }
   }
-}
-
-// The sm90 bodies' merge: pieces of 4 float4, 8 splits' loads in flight (32 float4 a thread):
-// 64 KB a 128-thread block in flight.
-constexpr int kMergeVec = 4, kMergeGroup = 8;
-
-// A decode that merges its own splits (T::kFusedCombine): with splits > 1 every thread of the
-// block calls this once its writes of the block's partials (part_o, part_ml of its kRows rows)
-// are issued. The block arrives on its (sequence, row group) counter in the workspace
-// (p.split_counters[b * row_groups + first row group]); the last of the splits to arrive merges
-// every split's partials into the output (and the LSE) and sets the counter back to 0, so that
-// the next call on the same workspace starts from 0 (the workspace is zeroed once when it is
-// allocated; a workspace serves one stream at a time). The others return.
-// Ordering: each thread's partial writes, then its fence (release), the block barrier, thread 0's
-// atomic; the last block's fence (acquire), then its reads of the partials (load_partial).
-// The merge: kThreads threads over kRows rows x kVDim / (4 kVec) pieces a row, piece c holding dims
-// 4 c + 4 (kVDim / (4 kVec)) q, q < kVec (a warp's loads of one q are contiguous), kGroup splits'
-// loads in flight a thread. The block's place and rows come from blockIdx and the sizes again (as
-// the combine kernel takes them): the body holds nothing in registers for the merge.
-template <class T, class Shape, int kRows, int kVec, int kGroup>
-MLAGEN_DEVICE void merge_own_splits(const Params& p) {
-  __threadfence();  // release: this thread's partial writes before the block's arrival
-  __syncthreads();  // every thread's
-  const BlockCoord bc = block_coord<Shape, kRows>(p);
-  const int splits = Shape::splits(p);
-  uint32_t* const counter =
-      p.split_counters + static_cast<int64_t>(bc.b) * Shape::row_groups(p) + bc.group * (kRows / kGroupRows);
-  bool last = false;
-  if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == static_cast<uint32_t>(splits - 1);
-  if (!__syncthreads_or(last)) return;
-  __threadfence();  // acquire: every split's partial
-  merge_block_rows<T, Shape, kRows, kVec, kGroup>(p);
-  if (threadIdx.x == 0) *counter = 0u;  // ready for the next call (and a graph's replay)
+  const float inv = mg.scale(o_scale);
+  uint2 v;
+  v.x = pack_bf16x2(acc.x * inv, acc.y * inv);
+  v.y = pack_bf16x2(acc.z * inv, acc.w * inv);
+  const int64_t tok = rows.token(j);
+  const int h = rows.head(j);
+  *reinterpret_cast<uint2*>(p.out + tok * p.out_stride_token + h * p.out_stride_head + 4 * threadIdx.x) = v;
+  if (threadIdx.x == 0 && p.lse) p.lse[tok * p.lse_stride_token + h] = mg.lse();
 }
 
 }  // namespace mlagen::device

@@ -19,9 +19,7 @@
 //              shared memory once per tile) feed bf16 MMAs through ldmatrix / ldmatrix.trans.
 // The query is bf16, or fp8 with a per-tensor scale folded into S.
 // With one split the block writes the bf16 output; otherwise it writes an unnormalized
-// partial (O, running max m, running sum l), and the last split of its (sequence, row group) to
-// finish merges them (mla_common.cuh merge_own_splits): the 16-row bodies (these two and the
-// warpgroup ones); the rows body's splits go to the combine kernel.
+// partial (O, running max m, running sum l) and combine_kernel merges the splits.
 #pragma once
 #include "mlagen/device/formats.cuh"
 #include "mlagen/device/mla_decode_sm90_wgmma.cuh"
@@ -45,9 +43,6 @@ struct Tiling : TileGeometry<kBlockN_, kStages_, /*warps=*/4> {
   static constexpr bool kWarpgroupBf16 = kWarpgroup && kKv == KvFormat::kBf16;
   using Wg = std::conditional_t<kWarpgroupBf16, WgBf16Layout<kStages_>, WgLayout<kStages_, kKv_>>;
   static constexpr bool kWide = KvTraits<kKv>::kWide && !kWarpgroup;  // bf16, or mxfp4 in tiles of 32
-  // Splits > 1: the last split of a (sequence, row group) to finish merges them (mla_common.cuh
-  // merge_own_splits): no _combine entry (codegen/spec.py merges_own_splits)
-  static constexpr bool kFusedCombine = true;
   // What the combine multiplies a partial O by, besides the KV scale and 1 / l.
   static constexpr float kVUnit = kWide || kWarpgroup ? 1.f : kVDecodeScale;
   static constexpr int kNTiles = G::kBlockN / 8;  // n8 MMA tiles per KV tile
@@ -330,7 +325,6 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
       if (warp == 0 && t == 0)
         p.part_ml[qr.part(g + 8 * r)] = split_state(m[r], l[r], bad);
     }
-    merge_own_splits<T, Shape, kGroupRows, kMergeVec, kMergeGroup>(p);
   }
 }
 
@@ -527,7 +521,6 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
       for (int n = 0; n < 16; ++n) *reinterpret_cast<float2*>(po + 8 * n) = make_float2(o[n][2 * r], o[n][2 * r + 1]);
       if (warp == 0 && t == 0) p.part_ml[qr.part(g + 8 * r)] = split_state(m[r], l[r], bad);
     }
-    merge_own_splits<T, Shape, kGroupRows, kMergeVec, kMergeGroup>(p);
   }
 }
 

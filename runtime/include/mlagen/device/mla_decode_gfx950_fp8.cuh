@@ -26,7 +26,7 @@
 // times a sequence instead of every tile. P = 2^(s - m) <= 2^kLazyLog2 then fits e4m3 (448).
 //
 // Splits > 1: each split leaves (O, m, l) in the workspace and the last split of a (sequence,
-// row group) to finish merges them (mla_common.cuh merge_own_splits): one launch.
+// row group) to finish (an atomic counter per pair, reset by that block) merges them: one launch.
 //
 // Query recipe (bf16 q): per query row (token, head), q8 = RNE_e4m3(q * 448 / amax_h), amax_h =
 // max |q| over the row's 576 dims, S multiplied back by amax_h / 448 (finer than the reference's
@@ -65,7 +65,7 @@ struct NativeFp8Tiling {
   static constexpr float kLazyLog2 = 8.f;
   static_assert(kTileBytes % 1024 == 0, "whole DMAs a tile");
   static_assert(kMergeBytes <= kStagesBytes / 2, "the merge reuses the stages");
-  static_assert(kStagesBytes + kMlBytes <= 160 * 1024, "gfx950 LDS");
+  static_assert(kStagesBytes + kMlBytes + 16 <= 160 * 1024, "gfx950 LDS");
 };
 
 // Token of row m of a 16-token MFMA tile: lane i of the K operand reads token pi(i), so the
@@ -81,7 +81,7 @@ using Tl = NativeFp8Tiling<KvFormat::kFp8, QFormat::kBf16>;  // the geometry (q-
 // lds_stage0 and waves 2, 3 in lds_stage1
 static __shared__ __attribute__((aligned(128))) uint8_t lds_stage0[Tl::kWarps * Tl::kTileBytes];
 static __shared__ __attribute__((aligned(128))) uint8_t lds_stage1[Tl::kWarps * Tl::kTileBytes];
-static __shared__ __attribute__((aligned(16))) uint8_t lds_ml[Tl::kMlBytes];
+static __shared__ __attribute__((aligned(16))) uint8_t lds_ml[Tl::kMlBytes + 16];
 
 // Issues tile `tok0` (rows tok0 .. tok0 + 31, those >= tok_end fetched as row tok_end - 1)
 // into `stage`, token t's row at kv + t * stride: kDmaPerTile instructions, lane l of
@@ -242,6 +242,40 @@ MLAGEN_DEVICE void accumulate_pv(const uint8_t* stage, uint64_t pb, int i, int j
   }
 }
 
+// Merges the splits' partials of one query row, dims d0 .. d0 + 31 (SplitMerge, as
+// mla_combine_block does) and writes the bf16 row at (tok, head); the thread of dims 0 .. 31
+// writes the LSE. Split s's partial row is part0 + s * stride (QueryRows::part of split 0, and
+// the part rows a split holds: row_groups * 16).
+MLAGEN_DEVICE void merge_splits(const Params& p, int splits, int64_t part0, int64_t stride, int64_t tok, int head,
+                                int d0, float o_scale) {
+  SplitMerge mg;
+  float acc[32];
+#pragma unroll
+  for (int e = 0; e < 32; ++e) acc[e] = 0.f;
+  for (int s = 0; s < splits; ++s) {
+    float a, wgt;
+    const int64_t at = part0 + s * stride;
+    if (!mg.add(p.part_ml[at], a, wgt)) continue;  // no tokens: weight 0
+    const float4* po = reinterpret_cast<const float4*>(p.part_o + at * kVDim + d0);
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+      const float4 v = po[q];
+      acc[4 * q + 0] = acc[4 * q + 0] * a + wgt * v.x;
+      acc[4 * q + 1] = acc[4 * q + 1] * a + wgt * v.y;
+      acc[4 * q + 2] = acc[4 * q + 2] * a + wgt * v.z;
+      acc[4 * q + 3] = acc[4 * q + 3] * a + wgt * v.w;
+    }
+  }
+  const float inv = mg.scale(o_scale);
+  uint4* out = reinterpret_cast<uint4*>(p.out + tok * p.out_stride_token + head * p.out_stride_head + d0);
+#pragma unroll
+  for (int q = 0; q < 4; ++q)
+    out[q] = make_uint4(pack_bf16x2(acc[8 * q + 0] * inv, acc[8 * q + 1] * inv),
+                        pack_bf16x2(acc[8 * q + 2] * inv, acc[8 * q + 3] * inv),
+                        pack_bf16x2(acc[8 * q + 4] * inv, acc[8 * q + 5] * inv),
+                        pack_bf16x2(acc[8 * q + 6] * inv, acc[8 * q + 7] * inv));
+  if (d0 == 0 && p.lse) p.lse[tok * p.lse_stride_token + head] = mg.lse();
+}
 }  // namespace native_fp8
 #endif  // __gfx950__
 
@@ -380,7 +414,18 @@ MLAGEN_DEVICE void decode_fp8_native(const Params& p, uint8_t* /*smem: unused, s
 #pragma unroll
   for (int e = 0; e < 32; e += 4) po[e / 4] = make_float4(acc[e], acc[e + 1], acc[e + 2], acc[e + 3]);
   if (threadIdx.x % 16 == 0) p.part_ml[qr.part(h)] = split_state(mh, lh, bad);
-  merge_own_splits<T, Shape, kGroupRows, /*kVec=*/4, /*kGroup=*/2>(p);  // mla_common.cuh (kVec 8 left 68 B of scratch in the generic kernel)
+  __threadfence();  // release: this block's partial before its arrival
+  __syncthreads();
+  int* last = reinterpret_cast<int*>(lds_ml + T::kMlBytes);
+  uint32_t* const counter = p.split_counters + static_cast<int64_t>(b) * Shape::row_groups(p) + bc.group;
+  if (threadIdx.x == 0) *last = atomicAdd(counter, 1u) == static_cast<uint32_t>(splits - 1);
+  __syncthreads();
+  if (!*last) return;
+  __threadfence();  // acquire: every split's partial
+  // split s's row h: qr.part(h) + (s - split) * part_stride (shapes.cuh: [batch, splits, row_groups, 16])
+  const int64_t part_stride = static_cast<int64_t>(Shape::row_groups(p)) * kGroupRows;
+  if (owns) merge_splits(p, splits, qr.part(h) - split * part_stride, part_stride, tok, head, d0, kv_scale);
+  if (threadIdx.x == 0) *counter = 0u;  // ready for the next launch (and graph replay)
 #else
   (void)p;
   __builtin_trap();  // gfx950 only: the catalog never pairs this tiling with another arch

@@ -593,7 +593,6 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
       else if (owns) store_lse(p, tok, hh, m[k], l[k], bad);
     }
   }
-  if (splits > 1) merge_own_splits<T, Shape, kGroupRows, kMergeVec, kMergeGroup>(p);
   mark(7);
 }
 

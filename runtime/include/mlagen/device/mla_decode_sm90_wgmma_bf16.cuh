@@ -308,7 +308,6 @@ MLAGEN_DEVICE void decode_wgmma_bf16(const Params& p, uint8_t* smem) {
       const int d = 4 * (part + 8 * j);
       *reinterpret_cast<float4*>(po + d) = *reinterpret_cast<const float4*>(src + d);
     }
-    merge_own_splits<T, Shape, kGroupRows, kMergeVec, kMergeGroup>(p);
   }
 }
 
