@@ -471,7 +471,9 @@ struct Plan {
 };
 
 std::mutex g_plans_mutex;
-std::unordered_map<Key, std::unique_ptr<Plan>, KeyHash, KeyEq> g_plans;
+// The plans live as long as the process and are never destroyed: their scratch tensors must not be
+// freed by static destruction at exit, after torch's allocator and the driver may be gone.
+auto& g_plans = *new std::unordered_map<Key, std::unique_ptr<Plan>, KeyHash, KeyEq>();
 std::atomic<Plan*> g_last{nullptr};
 std::atomic<uint64_t> g_checked_devices{0};
 thread_local Key tl_key;
