@@ -562,6 +562,18 @@ std::tuple<at::Tensor, at::Tensor> run(const Call& c) {
   return {out, lse};
 }
 
+// The call's scalar arguments (the operators' and the per-call entry's).
+void set_scalars(Call* c, c10::string_view kv_format, c10::string_view q_dtype, int64_t kv_seq_len, double sm_scale,
+                 int64_t q_len, int64_t page_size, bool lse) {
+  c->kv_format = kv_format_of(kv_format);
+  c->q_fp8 = q_fp8_of(q_dtype);
+  c->kv_seq_len = kv_seq_len;
+  c->q_len = q_len;
+  c->page_size = page_size;
+  c->sm_scale = sm_scale;
+  c->lse = lse;
+}
+
 Call make_call(const at::Tensor& q, const at::Tensor& kv, const std::optional<at::Tensor>& kv_scale,
                const at::Tensor& qo_indptr, const std::optional<at::Tensor>& kv_indptr, c10::string_view kv_format,
                c10::string_view q_dtype, int64_t kv_seq_len, double sm_scale, const std::optional<at::Tensor>& q_scale,
@@ -580,13 +592,7 @@ Call make_call(const at::Tensor& q, const at::Tensor& kv, const std::optional<at
   c.t[kKvLens] = opt(kv_lens);
   c.t[kKvIndices] = opt(kv_indices);
   c.t[kLastPage] = opt(kv_last_page_len);
-  c.kv_format = kv_format_of(kv_format);
-  c.q_fp8 = q_fp8_of(q_dtype);
-  c.kv_seq_len = kv_seq_len;
-  c.q_len = q_len;
-  c.page_size = page_size;
-  c.sm_scale = sm_scale;
-  c.lse = lse;
+  set_scalars(&c, kv_format, q_dtype, kv_seq_len, sm_scale, q_len, page_size, lse);
   return c;
 }
 
@@ -751,7 +757,7 @@ PyObject* fast_decode(PyObject*, PyObject* const* args, Py_ssize_t n) {
     return nullptr;
   }
   if (c10::impl::TorchDispatchModeTLS::stack_len() > 0 || at::hasCallbacks()) Py_RETURN_NOTIMPLEMENTED;
-  const at::Tensor *q, *kv, *kv_scale, *qo, *kvp, *q_scale, *table, *lens, *indices, *last;
+  Call c{};
   c10::string_view kv_format, q_dtype;
   int64_t kv_seq_len = 0, q_len = 0, page_size = 0;
   double sm_scale = PyFloat_AsDouble(args[8]);
@@ -759,37 +765,21 @@ PyObject* fast_decode(PyObject*, PyObject* const* args, Py_ssize_t n) {
     PyErr_Clear();
     Py_RETURN_NOTIMPLEMENTED;
   }
-  const bool ok = fast_tensor(args[0], &q, false) && fast_tensor(args[1], &kv, false) &&
-                  fast_tensor(args[2], &kv_scale, true) && fast_tensor(args[3], &qo, false) &&
-                  fast_tensor(args[4], &kvp, true) && fast_text(args[5], &kv_format) && fast_text(args[6], &q_dtype) &&
-                  fast_int(args[7], &kv_seq_len) && fast_tensor(args[9], &q_scale, true) && fast_int(args[10], &q_len) &&
-                  fast_tensor(args[11], &table, true) && fast_tensor(args[12], &lens, true) &&
-                  fast_int(args[13], &page_size) && fast_tensor(args[14], &indices, true) &&
-                  fast_tensor(args[15], &last, true);
+  const bool ok = fast_tensor(args[0], &c.t[kQ], false) && fast_tensor(args[1], &c.t[kKv], false) &&
+                  fast_tensor(args[2], &c.t[kKvScale], true) && fast_tensor(args[3], &c.t[kQo], false) &&
+                  fast_tensor(args[4], &c.t[kKvIndptr], true) && fast_text(args[5], &kv_format) &&
+                  fast_text(args[6], &q_dtype) && fast_int(args[7], &kv_seq_len) &&
+                  fast_tensor(args[9], &c.t[kQScale], true) && fast_int(args[10], &q_len) &&
+                  fast_tensor(args[11], &c.t[kPageTable], true) && fast_tensor(args[12], &c.t[kKvLens], true) &&
+                  fast_int(args[13], &page_size) && fast_tensor(args[14], &c.t[kKvIndices], true) &&
+                  fast_tensor(args[15], &c.t[kLastPage], true);
   if (!ok) {
     PyErr_Clear();
     Py_RETURN_NOTIMPLEMENTED;  // the operator's own parsing names what is wrong
   }
   const bool lse = PyObject_IsTrue(args[16]) == 1;
-  Call c{};
-  c.t[kQ] = q;
-  c.t[kKv] = kv;
-  c.t[kKvScale] = kv_scale;
-  c.t[kQo] = qo;
-  c.t[kKvIndptr] = kvp;
-  c.t[kQScale] = q_scale;
-  c.t[kPageTable] = table;
-  c.t[kKvLens] = lens;
-  c.t[kKvIndices] = indices;
-  c.t[kLastPage] = last;
-  c.kv_format = kv_format_of(kv_format);
-  c.q_fp8 = q_fp8_of(q_dtype);
-  c.kv_seq_len = kv_seq_len;
-  c.q_len = q_len;
-  c.page_size = page_size;
-  c.sm_scale = sm_scale;
-  c.lse = lse;
-  if (q->device().type() != c10::DeviceType::CUDA) Py_RETURN_NOTIMPLEMENTED;  // the dispatcher's error
+  set_scalars(&c, kv_format, q_dtype, kv_seq_len, sm_scale, q_len, page_size, lse);
+  if (c.t[kQ]->device().type() != c10::DeviceType::CUDA) Py_RETURN_NOTIMPLEMENTED;  // the dispatcher's error
   std::tuple<at::Tensor, at::Tensor> res;
   {
     pybind11::gil_scoped_release no_gil;  // as the operators run: another thread may call meanwhile
