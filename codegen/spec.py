@@ -208,6 +208,14 @@ class KernelSpec:
         return self.native_fp8
 
     @property
+    def merges_in_launch(self) -> bool:
+        """The decode can merge its splits inside its own launch (the 16-row sm90a bodies: every
+        split block of a row group merges a slice of it once all have arrived). The host uses it
+        when the grid is resident at once (a cooperative launch); its `_combine` entry serves the
+        rest. The generated file static_asserts this against the body's own trait."""
+        return self.vendor == "nvidia" and not self.rows_body and not self.merges_own_splits
+
+    @property
     def entry_points(self) -> tuple[str, ...]:
         """The code object's kernels (templates/kernel.hip.j2): the decode; `_q8` and `_amax` for an
         fp8 q (the decode that quantizes a bf16 q itself, after its amax pre-pass); `_combine` when

@@ -29,9 +29,10 @@ from codegen.spec import KernelSpec  # noqa: E402
 from tools.codeobj import Elf, amdgpu_kernels, code_object_version  # noqa: E402
 
 LAUNCH_FIELDS = ("magic", "version", "threads", "smem_bytes", "q8_threads", "q8_smem_bytes", "rows_per_block",
-                 "fused_combine", "rows_body", "params_bytes", "maps_bytes", "combine_threads", "amax_threads")
-LAUNCH_FORMAT = "<I12i"
-MAGIC, VERSION = 0x4C414C4D, 1  # kernel_abi.h kLaunchInfoMagic / kLaunchInfoVersion
+                 "fused_combine", "rows_body", "params_bytes", "maps_bytes", "combine_threads", "amax_threads",
+                 "merge_in_launch")
+LAUNCH_FORMAT = "<I13i"
+MAGIC, VERSION = 0x4C414C4D, 2  # kernel_abi.h kLaunchInfoMagic / kLaunchInfoVersion
 PARAMS_BYTES, PARAMS_ALIGN = 288, 8  # kernel_abi.h: static_assert(sizeof(Params) == 288)
 MAPS_BYTES, MAPS_ALIGN = 256, 128  # kernel_abi.h KvMapsAbi
 SUFFIXES = ("", "_q8", "_amax", "_combine")  # runtime/src/gpu.h kEntrySuffix (bit k)
@@ -103,6 +104,8 @@ def check(spec: KernelSpec, elf: Elf, vendor: str) -> tuple[dict, int]:
         raise EmbedError(f"{spec.name}: q8_threads {info['q8_threads']} but entries {want}")
     if info["fused_combine"] != int(spec.merges_own_splits):
         raise EmbedError(f"{spec.name}: fused_combine {info['fused_combine']}, spec merges_own_splits {spec.merges_own_splits}")
+    if info["merge_in_launch"] != int(spec.merges_in_launch):
+        raise EmbedError(f"{spec.name}: merge_in_launch {info['merge_in_launch']}, spec merges_in_launch {spec.merges_in_launch}")
     if vendor == "amd":
         check_amd_args(elf, spec, want, info)
     bits = sum(1 << i for i, s in enumerate(SUFFIXES) if spec.name + s in want)

@@ -72,6 +72,7 @@ struct Api {
   CUresult (*ModuleLoadData)(CUmodule*, const void*);
   CUresult (*ModuleGetFunction)(CUfunction*, CUmodule, const char*);
   CUresult (*FuncSetAttribute)(CUfunction, CUfunction_attribute, int);
+  CUresult (*OccupancyMaxActiveBlocksPerMultiprocessor)(int*, CUfunction, int, size_t);
   CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                            CUstream, void**, void**);
   CUresult (*LaunchKernelEx)(const CUlaunchConfig*, CUfunction, void**, void**);
@@ -199,6 +200,7 @@ void resolve_api() {
   MLAGEN_TAKE(ModuleLoadData, "cuModuleLoadData");
   MLAGEN_TAKE(ModuleGetFunction, "cuModuleGetFunction");
   MLAGEN_TAKE(FuncSetAttribute, "cuFuncSetAttribute");
+  MLAGEN_TAKE(OccupancyMaxActiveBlocksPerMultiprocessor, "cuOccupancyMaxActiveBlocksPerMultiprocessor");
   MLAGEN_TAKE(LaunchKernel, "cuLaunchKernel");
   MLAGEN_TAKE(LaunchKernelEx, "cuLaunchKernelEx");
   MLAGEN_TAKE(MemcpyDtoHAsync, "cuMemcpyDtoHAsync");
@@ -287,6 +289,23 @@ mlagen_status load(const CodeObject& obj, Functions* f) {
     // AMD: a block's LDS (up to 160 KB on gfx950, 64 KB on gfx942) needs no opt-in.
     *slots[i] = reinterpret_cast<void*>(fn);
   }
+  f->resident_blocks = 0;
+#if defined(MLAGEN_VENDOR_NVIDIA)
+  if (obj.info.merge_in_launch && f->decode) {
+    const EntryShape shape = entry_shape(obj.info, kDecode);
+    int per_sm = 0, sms = 0;
+    CUdevice dev = 0;
+    std::snprintf(what, sizeof(what), "%s: blocks resident an SM", obj.name);
+    st = check(a->OccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, static_cast<CUfunction>(f->decode),
+                                                            static_cast<int>(shape.threads), shape.smem),
+               what);
+    if (st == MLAGEN_OK) st = check(a->CtxGetDevice(&dev), "cuCtxGetDevice");
+    if (st == MLAGEN_OK)
+      st = check(a->DeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev), "SM count");
+    if (st != MLAGEN_OK) return st;
+    f->resident_blocks = static_cast<int64_t>(per_sm) * sms;
+  }
+#endif
   return MLAGEN_OK;
 }
 
@@ -397,19 +416,27 @@ DeviceScope::~DeviceScope() {
 mlagen_status launch(const Launch& l, const char* what) {
   const Api* a = &g_api;  // resolved: a DeviceScope or functions() came first
 #if defined(MLAGEN_VENDOR_AMD)
+  if (l.cooperative)  // resident_blocks is 0 on AMD: launch.cpp never asks
+    return fail(MLAGEN_ERR_UNSUPPORTED, "%s: a cooperative launch (not built for HIP)", what);
   return check(a->ModuleLaunchKernel(static_cast<hipFunction_t>(l.fn), l.grid_x, l.grid_y, 1, l.block, 1, 1, l.smem,
                                      l.stream, l.args, nullptr),
                what);
 #else
   const auto fn = static_cast<CUfunction>(l.fn);
   const auto stream = static_cast<CUstream>(l.stream);
-  if (!l.dependent)
+  if (!l.dependent && !l.cooperative)
     return check(a->LaunchKernel(fn, l.grid_x, l.grid_y, 1, l.block, 1, 1, l.smem, stream, l.args, nullptr), what);
   // Programmatic dependent launch: the grid starts while the previous one in the stream still
   // runs and waits on the device (griddepcontrol.wait) for its results: the launch gap is hidden.
+  // Cooperative: the driver launches the grid only if all of it is resident at once.
   CUlaunchAttribute attr[1] = {};
-  attr[0].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-  attr[0].value.programmaticStreamSerializationAllowed = 1;
+  if (l.cooperative) {
+    attr[0].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+    attr[0].value.cooperative = 1;
+  } else {
+    attr[0].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr[0].value.programmaticStreamSerializationAllowed = 1;
+  }
   CUlaunchConfig cfg{};
   cfg.gridDimX = l.grid_x;
   cfg.gridDimY = l.grid_y;

@@ -49,6 +49,10 @@ struct Functions {
   void* q8;
   void* amax;
   void* combine;
+  // Blocks of the decode entry the device holds at once (blocks an SM x SMs; NVIDIA, for an object
+  // whose decode can merge its splits in its launch: LaunchInfo merge_in_launch; else 0). A grid of
+  // at most this many is launched cooperatively when it merges in launch (launch.cpp).
+  int64_t resident_blocks;
 };
 
 struct Launch {
@@ -56,7 +60,8 @@ struct Launch {
   unsigned grid_x, grid_y, block, smem;
   void* stream;
   void** args;
-  bool dependent;  // NVIDIA: may start while the previous grid in the stream runs (it waits on the device)
+  bool dependent;    // NVIDIA: may start while the previous grid in the stream runs (it waits on the device)
+  bool cooperative;  // NVIDIA: every block resident at once, or the launch fails (blocks wait for each other)
 };
 
 // Makes `device` (>= 0) current for the scope and gives the caller's back; -1 keeps the current one

@@ -1,7 +1,8 @@
 // The one argument packer and launch sequence for every generated kernel, both vendors:
 // Params (kernel_abi.h) from a validated problem, then
 //   [<name>_amax, when the library quantizes a bf16 q to fp8] -> <name> or <name>_q8
-//   -> [<name>_combine, when split and the decode does not merge its own splits]
+//   -> [<name>_combine, when split and the decode does not merge its own splits, in its launch
+//       (cooperative, where the grid is resident at once: LaunchInfo merge_in_launch) or by design]
 // with each entry's block and shared memory from its code object's LaunchInfo.
 #include <cstring>
 
@@ -126,19 +127,25 @@ mlagen_status launch_kernel(const CodeObject& obj, const mlagen_problem* pr, int
     if (!f->amax || !f->q8)
       return fail(MLAGEN_ERR_UNSUPPORTED, "%s: no _amax / _q8 entry (q_from_bf16=1 needs an fp8-q kernel)", obj.name);
     st = gpu::launch({f->amax, static_cast<unsigned>(p.q_amax_parts), 1, entry_shape(info, kAmax).threads, 0, stream,
-                      args, false},
+                      args, false, false},
                      "q amax launch");
     if (st != MLAGEN_OK) return st;
   }
   const EntryShape decode = entry_shape(info, quantize_q ? kDecodeQ8 : kDecode);
+  // A split decode merges its partials in its own launch where it can and the whole grid is
+  // resident at once (its blocks wait for each other: a cooperative launch guarantees it). Not
+  // after the amax pre-pass, whose decode is a dependent launch.
+  p.merge_in_launch = splits > 1 && info.merge_in_launch && !quantize_q &&
+                      static_cast<int64_t>(grid_x) * grid_y <= f->resident_blocks;
   // after the amax pre-pass the decode starts early and waits for it on the device (NVIDIA)
-  st = gpu::launch({quantize_q ? f->q8 : f->decode, grid_x, grid_y, decode.threads, decode.smem, stream, args, quantize_q},
+  st = gpu::launch({quantize_q ? f->q8 : f->decode, grid_x, grid_y, decode.threads, decode.smem, stream, args, quantize_q,
+                    p.merge_in_launch != 0},
                    "decode launch");
   if (st != MLAGEN_OK) return st;
-  if (splits > 1 && !info.fused_combine) {
+  if (splits > 1 && !info.fused_combine && !p.merge_in_launch) {
     if (!f->combine) return fail(MLAGEN_ERR_UNSUPPORTED, "%s: no _combine entry, and %d splits to merge", obj.name, splits);
     const unsigned rows = static_cast<unsigned>(pr->batch * p.row_groups * 16);  // one block a query row
-    st = gpu::launch({f->combine, rows, 1, entry_shape(info, kCombine).threads, 0, stream, args, true},
+    st = gpu::launch({f->combine, rows, 1, entry_shape(info, kCombine).threads, 0, stream, args, true, false},
                      "combine launch");
   }
   return st;

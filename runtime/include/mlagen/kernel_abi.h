@@ -41,7 +41,8 @@ struct Params {
   float* part_o;            // [batch, splits, row_groups, 16, 512] unnormalized split outputs
   MlPair* part_ml;         // [batch, splits, row_groups, 16] (running max, running sum)
   uint32_t* errors;         // device error word (MLAGEN_DEVERR_*)
-  uint32_t* split_counters; // [batch, row_groups] split arrivals (kernels that merge their own splits); zero between calls
+  uint32_t* split_counters; // [batch, row_groups] split arrivals (kernels that merge their own splits, in launch or
+                            //   last block): zero between calls
   float* lse;               // null, or float32 [total_q, num_heads] at lse_stride_token: ln sum_j exp(sm_scale q.k_j)
   int64_t lse_stride_token;
   // Paged KV (kv_rows.cuh): null page_table = contiguous rows at kv_indptr. Otherwise kv holds
@@ -64,6 +65,8 @@ struct Params {
   int32_t row_groups;       // blocks of 16 query rows a sequence: ceil(q_len * num_heads / 16)
   int64_t total_q, total_kv;
   float sm_scale;
+  int32_t merge_in_launch;  // 1: the grid was launched cooperatively and its split blocks merge their partials
+                            //   (LaunchInfo merge_in_launch; split_counters), no combine kernel follows
 };
 
 // The sm90a rows body's second kernel argument: the KV rows as two 2D tensor maps of bytes
@@ -99,9 +102,11 @@ struct LaunchInfo {
   int32_t maps_bytes;       // sizeof(KvMapsAbi) likewise (0: no maps argument)
   int32_t combine_threads;  // <name>_combine's block (one block a query row)
   int32_t amax_threads;     // <name>_amax's block
+  int32_t merge_in_launch;  // 1: the decode merges its splits itself when launched cooperatively
+                            //   (Params::merge_in_launch); its <name>_combine runs otherwise
 };
 constexpr uint32_t kLaunchInfoMagic = 0x4c414c4du;  // "MLAL"
-constexpr int32_t kLaunchInfoVersion = 1;
+constexpr int32_t kLaunchInfoVersion = 2;
 constexpr int kCombineThreads = 128, kAmaxThreads = 256;
 // The fp8-q pre-pass: its blocks at most, and the workspace byte offset of their maxima (inside
 // the workspace's reserved first 1 KB: mlagen/internal.h WorkspaceLayout).
@@ -113,6 +118,6 @@ constexpr int kQAmaxOffset = 64;
 static_assert(sizeof(Params) == 288, "Params changed: update kernel_abi.h's pinned size (host and device pack it)");
 static_assert(alignof(Params) == 8, "Params: 8-byte aligned");
 static_assert(sizeof(KvMapsAbi) == 256 && alignof(KvMapsAbi) == 128, "KvMapsAbi: two CUtensorMaps");
-static_assert(sizeof(LaunchInfo) == 52, "LaunchInfo: 13 32-bit fields");
+static_assert(sizeof(LaunchInfo) == 56, "LaunchInfo: 14 32-bit fields");
 
 }  // namespace mlagen::device

@@ -43,6 +43,7 @@ constexpr LaunchInfo launch_info() {
   i.maps_bytes = RowsBody<T>::value ? static_cast<int32_t>(sizeof(KvMapsAbi)) : 0;
   i.combine_threads = kCombineThreads;
   i.amax_threads = kAmaxThreads;
+  i.merge_in_launch = MergesInLaunch<T>::value ? 1 : 0;
   return i;
 }
 

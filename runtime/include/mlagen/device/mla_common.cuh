@@ -77,6 +77,17 @@ struct RowsBody<T, decltype(void(T::kRowsBody))> {
   static constexpr int kRowsPerBlock = T::kRowsPerBlock;
 };
 
+// Whether a tiling's decode can merge its splits inside its own launch when the host launches it
+// cooperatively (NVIDIA, the 16-row bodies: mla_decode.cuh merge_in_launch); else its combine runs.
+template <class T>
+struct MergesInLaunch {
+#if defined(MLAGEN_NVIDIA)
+  static constexpr bool value = !RowsBody<T>::value && !FusedCombine<T>::value;
+#else
+  static constexpr bool value = false;
+#endif
+};
+
 // Split `split` of `splits` over a sequence of seq_len tokens, in whole tiles of block_n.
 struct SplitRange {
   int ntiles;     // tiles this split streams (0 for an empty split)
@@ -158,38 +169,34 @@ struct SplitMerge {
   MLAGEN_DEVICE float lse() const { return lse_of(mmax, lsum, bad); }
 };
 
-// Merges the splits of one (sequence, query row): out = sum_s w_s O_s / sum_s w_s l_s with
-// w_s = 2^(m_s - max m), times the per-tensor KV scale where the kernel's path leaves it to
-// the end (fp8). 128 threads x 4 dims; grid = batch * row_groups * 16 (padding rows return).
-// Launched as a dependent grid (NVIDIA), it reads the call's own inputs while the decode
-// grid still runs, then merges online with the loads of 8 splits in flight at once: one L2
-// round trip per 8 splits after the wait. A split flagged bad (NaN sum) makes the row NaN,
-// as one split does.
-// (entry.cuh: the body of a code object's `<name>_combine`, kCombineThreads a block.)
-template <class T, class Shape>
-MLAGEN_DEVICE void mla_combine_block(const Params& p) {
-  constexpr int kGroup = 8;
-  const int per_seq = Shape::row_groups(p) * kGroupRows;
-  const int b = blockIdx.x / per_seq, r = blockIdx.x % per_seq;
-  const int splits = Shape::splits(p);
-  const QueryTokens qt = Shape::query(p, b);
-  const QueryRows rows = query_rows<Shape>(p, BlockCoord{b, 0, r / kGroupRows}, qt.row, qt.n, 0);
-  const int j = r % kGroupRows;
-  if (!rows.owns(j)) return;
-  const int64_t stride = static_cast<int64_t>(Shape::row_groups(p)) * kGroupRows;  // part rows a split
-  const int64_t part0 = rows.part(j);  // split 0's row (slot b * splits)
-  const float o_scale = T::kWide ? 1.f : kv_scale_of(p) * T::kVUnit;
-  wait_for_prior_grid();  // the decode grid's partials are complete and visible
+// A load of a value another block of this grid (or the decode grid before it) wrote: the split
+// partials. On NVIDIA past L1, whose lines are not kept coherent across SMs.
+template <class V>
+MLAGEN_DEVICE V load_partial(const V* at) {
+#if defined(MLAGEN_NVIDIA)
+  return __ldcg(at);
+#else
+  return *at;
+#endif
+}
+
+// Merges the splits' partials of one query row over 4 of its dims: acc = sum_s w_s O_s[dim .. dim + 3]
+// with w_s = 2^(m_s - max m); the returned state's scale() and lse() finish the row. Split s's
+// partial row is part0 + s * stride (part0: split 0's, QueryRows::part; stride: the rows a split's
+// partials take, row_groups * 16). kGroup splits' loads are in flight at once (one L2 round trip
+// each kGroup splits). A split flagged bad (NaN sum) makes the row NaN, as one split does.
+template <int kGroup>
+MLAGEN_DEVICE SplitMerge merge_row(const Params& p, int splits, int64_t part0, int64_t stride, int dim, float4& acc) {
   SplitMerge mg;
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  acc = make_float4(0.f, 0.f, 0.f, 0.f);
   for (int s0 = 0; s0 < splits; s0 += kGroup) {
     float2 ml[kGroup];
     float4 v[kGroup];
 #pragma unroll
     for (int i = 0; i < kGroup; ++i) {
       const int64_t at = part0 + min(s0 + i, splits - 1) * stride;  // past the end: read again, skipped below
-      ml[i] = p.part_ml[at];
-      v[i] = reinterpret_cast<const float4*>(p.part_o + at * kVDim)[threadIdx.x];
+      ml[i] = load_partial(&p.part_ml[at]);
+      v[i] = load_partial(reinterpret_cast<const float4*>(p.part_o + at * kVDim + dim));
     }
 #pragma unroll
     for (int i = 0; i < kGroup; ++i) {
@@ -202,14 +209,49 @@ MLAGEN_DEVICE void mla_combine_block(const Params& p) {
       acc.w = acc.w * a + w * v[i].w;
     }
   }
+  return mg;
+}
+
+// Writes 4 dims of a merged row (merge_row) at (tok, head), as bf16 times mg.scale(o_scale), and
+// the row's LSE where `lse_writer` (one thread a row).
+MLAGEN_DEVICE void store_merged(const Params& p, const SplitMerge& mg, float o_scale, int64_t tok, int head, int dim,
+                                const float4& acc, bool lse_writer) {
   const float inv = mg.scale(o_scale);
-  uint2 v;
-  v.x = pack_bf16x2(acc.x * inv, acc.y * inv);
-  v.y = pack_bf16x2(acc.z * inv, acc.w * inv);
-  const int64_t tok = rows.token(j);
-  const int h = rows.head(j);
-  *reinterpret_cast<uint2*>(p.out + tok * p.out_stride_token + h * p.out_stride_head + 4 * threadIdx.x) = v;
-  if (threadIdx.x == 0 && p.lse) p.lse[tok * p.lse_stride_token + h] = mg.lse();
+  *reinterpret_cast<uint2*>(p.out + tok * p.out_stride_token + head * p.out_stride_head + dim) =
+      make_uint2(pack_bf16x2(acc.x * inv, acc.y * inv), pack_bf16x2(acc.z * inv, acc.w * inv));
+  if (lse_writer && p.lse) p.lse[tok * p.lse_stride_token + head] = mg.lse();
+}
+
+// What a merged partial O is multiplied by besides 1 / l: the per-tensor KV scale where the body
+// leaves it to the end (fp8), times its partial-O unit (T::kVUnit).
+template <class T>
+MLAGEN_DEVICE float merge_o_scale(const Params& p) {
+  return T::kWide ? 1.f : kv_scale_of(p) * T::kVUnit;
+}
+
+// Merges the splits of one (sequence, query row): out = sum_s w_s O_s / sum_s w_s l_s with
+// w_s = 2^(m_s - max m), times the per-tensor KV scale where the kernel's path leaves it to
+// the end (fp8). 128 threads x 4 dims; grid = batch * row_groups * 16 (padding rows return).
+// Launched as a dependent grid (NVIDIA), it reads the call's own inputs while the decode
+// grid still runs, then merges online with the loads of 8 splits in flight at once: one L2
+// round trip per 8 splits after the wait.
+// (entry.cuh: the body of a code object's `<name>_combine`, kCombineThreads a block.)
+template <class T, class Shape>
+MLAGEN_DEVICE void mla_combine_block(const Params& p) {
+  const int per_seq = Shape::row_groups(p) * kGroupRows;
+  const int b = blockIdx.x / per_seq, r = blockIdx.x % per_seq;
+  const int splits = Shape::splits(p);
+  const QueryTokens qt = Shape::query(p, b);
+  const QueryRows rows = query_rows<Shape>(p, BlockCoord{b, 0, r / kGroupRows}, qt.row, qt.n, 0);
+  const int j = r % kGroupRows;
+  if (!rows.owns(j)) return;
+  const int64_t stride = static_cast<int64_t>(Shape::row_groups(p)) * kGroupRows;  // part rows a split
+  const float o_scale = merge_o_scale<T>(p);
+  wait_for_prior_grid();  // the decode grid's partials are complete and visible
+  const int dim = 4 * static_cast<int>(threadIdx.x);
+  float4 acc;
+  const SplitMerge mg = merge_row<8>(p, splits, rows.part(j), stride, dim, acc);  // from split 0's row (slot b * splits)
+  store_merged(p, mg, o_scale, rows.token(j), rows.head(j), dim, acc, threadIdx.x == 0);
 }
 
 }  // namespace mlagen::device

@@ -524,8 +524,51 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
   }
 }
 
+// The split merge inside the decode launch (Params::merge_in_launch; LaunchInfo merge_in_launch).
+// The host sets it only for a grid it launches cooperatively, so every block is resident at once
+// and a block may wait for its siblings: the S splits of a (sequence, row group) each arrive on
+// the group's counter once their partials are written, wait for the S arrivals, merge a 1/S slice
+// of the group's 16 rows x 512 dims (every split's partial of those dims, as the combine kernel
+// does a row), and depart. The count reaches 2S only after every block has seen S, and that last
+// departure sets it back to 0 for the next launch on the workspace (one stream at a time).
+// Ordering: each thread's partial writes, its fence (release), the barrier, thread 0's arrival;
+// thread 0's acquire load of the count, the barrier, the block's reads (past L1: load_partial).
+// A function of its own (not inlined): ptxas allocates the body's loop without it, and nothing is
+// live across the call at the end of a body; Params by value (a reference would put the kernel's
+// Params in local memory for the whole kernel, to take its address).
+template <class T, class Shape>
+__device__ __noinline__ void merge_in_launch(const Params p) {
+  constexpr int kCols = kVDim / 4;             // float4 pieces a row
+  constexpr int kPieces = kGroupRows * kCols;  // a row group's
+  const BlockCoord bc = block_coord<Shape>(p);
+  const uint32_t splits = static_cast<uint32_t>(Shape::splits(p));
+  uint32_t* const counter = p.split_counters + static_cast<int64_t>(bc.b) * Shape::row_groups(p) + bc.group;
+  __threadfence();  // release: this thread's partial writes before the block's arrival
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    atomicAdd(counter, 1u);
+    while (load_acquire_gpu(counter) < splits) __nanosleep(64);
+  }
+  __syncthreads();
+  const QueryTokens qt = Shape::query(p, bc.b);
+  const QueryRows qr = query_rows<Shape>(p, BlockCoord{bc.b, 0, bc.group}, qt.row, qt.n, 0);  // split 0's rows
+  const int64_t stride = static_cast<int64_t>(Shape::row_groups(p)) * kGroupRows;           // part rows a split
+  const float o_scale = merge_o_scale<T>(p);
+  const int end = (bc.split + 1) * kPieces / static_cast<int>(splits);
+  for (int item = bc.split * kPieces / static_cast<int>(splits) + threadIdx.x; item < end; item += T::kThreads) {
+    const int j = item / kCols, dim = 4 * (item % kCols);
+    if (!qr.owns(j)) continue;  // a padding row
+    float4 acc;
+    const SplitMerge mg = merge_row<8>(p, static_cast<int>(splits), qr.part(j), stride, dim, acc);
+    store_merged(p, mg, o_scale, qr.token(j), qr.head(j), dim, acc, dim == 0);
+  }
+  __syncthreads();  // every thread's reads of the partials before the departure
+  if (threadIdx.x == 0 && atomicAdd(counter, 1u) == 2u * splits - 1u) atomicExch(counter, 0u);
+}
+
 // A decode block (entry.cuh: a code object's `<name>` entry, __launch_bounds__(kThreads,
-// kMinBlocksPerSm)).
+// kMinBlocksPerSm)). Split, it leaves its partials to the combine kernel or merges them with its
+// siblings here (merge_in_launch).
 template <class T, class Shape>
 MLAGEN_DEVICE void mla_decode_block(const Params& p) {
   extern __shared__ __align__(128) uint8_t smem[];
@@ -538,6 +581,7 @@ MLAGEN_DEVICE void mla_decode_block(const Params& p) {
     decode_wgmma<T, Shape>(p, smem);
   else
     decode_fp8<T, Shape>(p, smem);
+  if (Shape::splits(p) > 1 && p.merge_in_launch) merge_in_launch<T, Shape>(p);
 }
 
 // The rows body's block: the KV tensor maps stay in parameter space (the entry's

@@ -179,6 +179,14 @@ MLAGEN_DEVICE float fast_exp2(float x) {
 MLAGEN_DEVICE void allow_dependent_launch() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 MLAGEN_DEVICE void wait_for_prior_grid() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 
+// A word other blocks of the grid update (the in-launch split merge's counters): read at the
+// GPU scope with acquire semantics, so this thread's later reads see what was released before it.
+MLAGEN_DEVICE uint32_t load_acquire_gpu(const uint32_t* at) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(at) : "memory");
+  return v;
+}
+
 
 // ---- Warpgroup MMA (sm_90a only) ---------------------------------------------------------
 // wgmma runs on a warpgroup (4 warps, 128 threads); every call below must be reached by
