@@ -531,38 +531,68 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
 // of the group's 16 rows x 512 dims (every split's partial of those dims, as the combine kernel
 // does a row), and depart. The count reaches 2S only after every block has seen S, and that last
 // departure sets it back to 0 for the next launch on the workspace (one stream at a time).
+// The slice's partials (S x 2048 / S float4, whatever S: 32 KB) and the row group's S x 16 (m, l)
+// are staged in the block's shared memory, free once the body is done, by cp.async in one go:
+// one L2 round trip, not one a split group and piece (a loop of loads merged as they come was
+// latency-bound: 4 us more than the decode at S = 2 and 32 alike).
 // Ordering: each thread's partial writes, its fence (release), the barrier, thread 0's arrival;
-// thread 0's acquire load of the count, the barrier, the block's reads (past L1: load_partial).
+// thread 0's acquire load of the count, the barrier, the block's copies (.cg: past L1).
 // A function of its own (not inlined): ptxas allocates the body's loop without it, and nothing is
 // live across the call at the end of a body; Params by value (a reference would put the kernel's
 // Params in local memory for the whole kernel, to take its address).
+constexpr int kMergeCols = kVDim / 4;                   // float4 pieces a row
+constexpr int kMergePieces = kGroupRows * kMergeCols;   // a row group's
+constexpr int kMergeSmemBytes = (kMergePieces + kMaxSplits) * 16 + kMaxSplits * kGroupRows * 8;
 template <class T, class Shape>
 __device__ __noinline__ void merge_in_launch(const Params p) {
-  constexpr int kCols = kVDim / 4;             // float4 pieces a row
-  constexpr int kPieces = kGroupRows * kCols;  // a row group's
+  static_assert(T::kSmemBytes >= kMergeSmemBytes + 128, "the in-launch merge stages a slice in the body's shared memory");
+  extern __shared__ __align__(128) uint8_t smem[];
   const BlockCoord bc = block_coord<Shape>(p);
-  const uint32_t splits = static_cast<uint32_t>(Shape::splits(p));
+  const int splits = Shape::splits(p);
   uint32_t* const counter = p.split_counters + static_cast<int64_t>(bc.b) * Shape::row_groups(p) + bc.group;
   __threadfence();  // release: this thread's partial writes before the block's arrival
-  __syncthreads();
+  __syncthreads();  // (and the body is done with shared memory)
   if (threadIdx.x == 0) {
     atomicAdd(counter, 1u);
-    while (load_acquire_gpu(counter) < splits) __nanosleep(64);
+    while (load_acquire_gpu(counter) < static_cast<uint32_t>(splits)) __nanosleep(32);
   }
   __syncthreads();
   const QueryTokens qt = Shape::query(p, bc.b);
   const QueryRows qr = query_rows<Shape>(p, BlockCoord{bc.b, 0, bc.group}, qt.row, qt.n, 0);  // split 0's rows
   const int64_t stride = static_cast<int64_t>(Shape::row_groups(p)) * kGroupRows;           // part rows a split
+  const int begin = bc.split * kMergePieces / splits, n = (bc.split + 1) * kMergePieces / splits - begin;
+  float4* const o_s = reinterpret_cast<float4*>(smem);                      // [split][n] this slice's pieces
+  float2* const ml_s = reinterpret_cast<float2*>(smem + (kMergePieces + kMaxSplits) * 16);  // [split][16 rows]
+  for (int i = threadIdx.x; i < splits * n; i += T::kThreads) {
+    const int sp = i / n, piece = begin + i % n;
+    const int64_t row = qr.part(piece / kMergeCols) + sp * stride;
+    cp_async_16_full(smem_addr(o_s + i), p.part_o + row * kVDim + 4 * (piece % kMergeCols));
+  }
+  for (int i = threadIdx.x; i < splits * (kGroupRows / 2); i += T::kThreads) {  // 16 bytes: two rows' (m, l)
+    const int sp = i / (kGroupRows / 2), r = 2 * (i % (kGroupRows / 2));
+    cp_async_16_full(smem_addr(ml_s + sp * kGroupRows + r), p.part_ml + qr.part(r) + sp * stride);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
   const float o_scale = merge_o_scale<T>(p);
-  const int end = (bc.split + 1) * kPieces / static_cast<int>(splits);
-  for (int item = bc.split * kPieces / static_cast<int>(splits) + threadIdx.x; item < end; item += T::kThreads) {
-    const int j = item / kCols, dim = 4 * (item % kCols);
+  for (int k = threadIdx.x; k < n; k += T::kThreads) {
+    const int j = (begin + k) / kMergeCols, dim = 4 * ((begin + k) % kMergeCols);
     if (!qr.owns(j)) continue;  // a padding row
-    float4 acc;
-    const SplitMerge mg = merge_row<8>(p, static_cast<int>(splits), qr.part(j), stride, dim, acc);
+    SplitMerge mg;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int sp = 0; sp < splits; ++sp) {
+      float a, w;
+      if (!mg.add(ml_s[sp * kGroupRows + j], a, w)) continue;  // no tokens: weight 0
+      const float4 v = o_s[sp * n + k];
+      acc.x = acc.x * a + w * v.x;
+      acc.y = acc.y * a + w * v.y;
+      acc.z = acc.z * a + w * v.z;
+      acc.w = acc.w * a + w * v.w;
+    }
     store_merged(p, mg, o_scale, qr.token(j), qr.head(j), dim, acc, dim == 0);
   }
-  __syncthreads();  // every thread's reads of the partials before the departure
+  __syncthreads();  // every thread's copies landed before the departure
   if (threadIdx.x == 0 && atomicAdd(counter, 1u) == 2u * splits - 1u) atomicExch(counter, 0u);
 }
 
