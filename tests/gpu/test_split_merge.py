@@ -23,7 +23,7 @@ from reference import SM_SCALE, quantize_fp8  # noqa: E402
 pytestmark = pytest.mark.gpu
 QK, DV = 576, 512
 ROW_TOL = {"fp8": 2e-2, "bf16": 1e-2}  # per-row rel L2 against float64 on the values read (bf16 output)
-LSE_TOL = 1e-3
+LSE_TOL = {"fp8": 2e-2, "bf16": 2e-3}  # test_paged.py's: the fp8 paths carry q in ~8 significant bits (hi + lo e4m3)
 
 
 def fresh_seed():
@@ -96,7 +96,7 @@ def check_rows(inp, out, lse, seed):
     finite = torch.isfinite(ref_lse)
     assert torch.equal(torch.isinf(lse.double()), ~finite), f"seed {seed}: LSE -inf where the reference is not"
     lerr = (lse.double()[finite] - ref_lse[finite]).abs().max().item() if finite.any() else 0.0
-    assert lerr <= LSE_TOL, f"seed {seed}: LSE off by {lerr:.2e}"
+    assert lerr <= LSE_TOL[inp["fmt"]], f"seed {seed}: LSE off by {lerr:.2e}"
 
 
 # (lens, heads, q_len, splits, in launch): grids of <= 100 blocks are resident on an H200 for

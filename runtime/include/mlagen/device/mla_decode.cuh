@@ -535,24 +535,24 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
 // are staged in the block's shared memory, free once the body is done, by cp.async in one go:
 // one L2 round trip, not one a split group and piece (a loop of loads merged as they come was
 // latency-bound: 4 us more than the decode at S = 2 and 32 alike).
-// Ordering: each thread's partial writes, its fence (release), the barrier, thread 0's arrival;
-// thread 0's acquire load of the count, the barrier, the block's copies (.cg: past L1).
-// A function of its own (not inlined): ptxas allocates the body's loop without it, and nothing is
-// live across the call at the end of a body; Params by value (a reference would put the kernel's
-// Params in local memory for the whole kernel, to take its address).
+// Ordering (as a cooperative grid barrier does it): the block's partial writes, the barrier, thread
+// 0's fence (release, cumulative) and arrival; its acquire load of the count, the barrier, the
+// block's copies (.cg: past L1). Inlined: a call took Params by value onto a 288-byte stack, whose
+// every field the merge then read back through L1 (3-5 us more at the end of the kernel); ptxas
+// keeps the bodies' loops without spills either way (tools/check_sm90.py).
 constexpr int kMergeCols = kVDim / 4;                   // float4 pieces a row
 constexpr int kMergePieces = kGroupRows * kMergeCols;   // a row group's
 constexpr int kMergeSmemBytes = (kMergePieces + kMaxSplits) * 16 + kMaxSplits * kGroupRows * 8;
 template <class T, class Shape>
-__device__ __noinline__ void merge_in_launch(const Params p) {
+MLAGEN_DEVICE void merge_in_launch(const Params& p) {
   static_assert(T::kSmemBytes >= kMergeSmemBytes + 128, "the in-launch merge stages a slice in the body's shared memory");
   extern __shared__ __align__(128) uint8_t smem[];
   const BlockCoord bc = block_coord<Shape>(p);
   const int splits = Shape::splits(p);
   uint32_t* const counter = p.split_counters + static_cast<int64_t>(bc.b) * Shape::row_groups(p) + bc.group;
-  __threadfence();  // release: this thread's partial writes before the block's arrival
-  __syncthreads();  // (and the body is done with shared memory)
+  __syncthreads();  // every thread's partial writes issued (and the body done with shared memory)
   if (threadIdx.x == 0) {
+    __threadfence();  // release at the GPU scope, cumulative over the block's writes the barrier ordered
     atomicAdd(counter, 1u);
     while (load_acquire_gpu(counter) < static_cast<uint32_t>(splits)) __nanosleep(32);
   }
