@@ -4,6 +4,7 @@
 //   -> [<name>_combine, when split and the decode does not merge its own splits, in its launch
 //       (cooperative, where the grid is resident at once: LaunchInfo merge_in_launch) or by design]
 // with each entry's block and shared memory from its code object's LaunchInfo.
+#include <atomic>
 #include <cstring>
 
 #include "gpu.h"
@@ -27,6 +28,8 @@ const CodeObject* find_code_object(const char* name) {
 namespace {
 
 using device::Params;
+
+std::atomic<int32_t> g_split_merge{MLAGEN_MERGE_COMBINE};
 
 Params make_params(const mlagen_problem* pr, int32_t splits) {
   const int32_t groups = row_groups(pr->num_heads, pr->q_len);
@@ -108,6 +111,9 @@ mlagen_status kv_maps(const Params& p, int32_t row_bytes, device::KvMapsAbi* map
 
 }  // namespace
 
+void set_split_merge(int32_t mode) { g_split_merge.store(mode, std::memory_order_relaxed); }
+int32_t split_merge() { return g_split_merge.load(std::memory_order_relaxed); }
+
 mlagen_status launch_kernel(const CodeObject& obj, const mlagen_problem* pr, int32_t splits, void* stream, int device) {
   const gpu::Functions* f = nullptr;
   mlagen_status st = gpu::functions(obj, device, &f);
@@ -132,10 +138,11 @@ mlagen_status launch_kernel(const CodeObject& obj, const mlagen_problem* pr, int
     if (st != MLAGEN_OK) return st;
   }
   const EntryShape decode = entry_shape(info, quantize_q ? kDecodeQ8 : kDecode);
-  // A split decode merges its partials in its own launch where it can and the whole grid is
-  // resident at once (its blocks wait for each other: a cooperative launch guarantees it). Not
-  // after the amax pre-pass, whose decode is a dependent launch.
-  p.merge_in_launch = splits > 1 && info.merge_in_launch && !quantize_q &&
+  // A split decode merges its partials in its own launch when the process asks for it
+  // (MLAGEN_MERGE_IN_LAUNCH), the kernel can, and the whole grid is resident at once (its blocks
+  // wait for each other: a cooperative launch guarantees it). Not after the amax pre-pass, whose
+  // decode is a dependent launch.
+  p.merge_in_launch = splits > 1 && info.merge_in_launch && !quantize_q && split_merge() == MLAGEN_MERGE_IN_LAUNCH &&
                       static_cast<int64_t>(grid_x) * grid_y <= f->resident_blocks;
   // after the amax pre-pass the decode starts early and waits for it on the device (NVIDIA)
   st = gpu::launch({quantize_q ? f->q8 : f->decode, grid_x, grid_y, decode.threads, decode.smem, stream, args, quantize_q,

@@ -610,4 +610,14 @@ mlagen_status mlagen_load_kernels(int32_t device) {
 
 const char* mlagen_gpu_runtime(void) { return gpu::runtime_path(); }
 
+mlagen_status mlagen_set_split_merge(int32_t mode) {
+  if (mode != MLAGEN_MERGE_COMBINE && mode != MLAGEN_MERGE_IN_LAUNCH)
+    return fail(MLAGEN_ERR_INVALID, "split merge mode=%d: expected %d (MLAGEN_MERGE_COMBINE) or %d (MLAGEN_MERGE_IN_LAUNCH)",
+                mode, MLAGEN_MERGE_COMBINE, MLAGEN_MERGE_IN_LAUNCH);
+  set_split_merge(mode);
+  return MLAGEN_OK;
+}
+
+int32_t mlagen_get_split_merge(void) { return split_merge(); }
+
 }  // extern "C"

@@ -415,3 +415,18 @@ def test_generic_splits_count_row_groups():
     s16 = _lib.select(Problem.make(8, 8192, force_generic=1))["splits"]
     s128 = _lib.select(Problem.make(8, 8192, num_heads=128, force_generic=1))["splits"]
     assert s128 < s16 and s128 >= 1, (s16, s128)
+
+
+def test_split_merge_mode_is_set_checked_and_read_back(L):
+    """mlagen_set_split_merge takes MLAGEN_MERGE_COMBINE (0, the default) or MLAGEN_MERGE_IN_LAUNCH (1)
+    and refuses anything else naming the value; mlagen_get_split_merge reads it back."""
+    assert L.mlagen_get_split_merge() == 0
+    try:
+        for bad in (-1, 2, 7):
+            assert L.mlagen_set_split_merge(bad) == _lib.ERR_INVALID
+            assert f"split merge mode={bad}: expected 0 (MLAGEN_MERGE_COMBINE) or 1" in L.mlagen_last_error().decode()
+            assert L.mlagen_get_split_merge() == 0
+        assert L.mlagen_set_split_merge(1) == _lib.OK and L.mlagen_get_split_merge() == 1
+    finally:
+        assert L.mlagen_set_split_merge(0) == _lib.OK
+    assert L.mlagen_get_split_merge() == 0

@@ -1,14 +1,16 @@
 """The split merge on the GPU: inside the decode launch, or by the combine kernel after it.
 
-A split decode on the 16-row sm90a bodies merges its partials in its own launch when the whole
-grid is resident at once (a cooperative launch: the split blocks of a row group wait for each
-other, then each merges a slice of it); a larger grid leaves them to the `_combine` kernel.
+With mlagen.set_split_merge("in_launch"), a split decode on the 16-row sm90a bodies merges its
+partials in its own launch when the whole grid is resident at once (a cooperative launch: the
+split blocks of a row group wait for each other, then each merges a slice of it); a larger grid
+leaves them to the `_combine` kernel, as the default mode ("combine") does every split decode.
 Which one ran is read from the profiler's kernel list, and both are judged per (token, head) row,
 output and LSE, against float64 on the values the kernel reads: every head count the 16-row
 bodies serve (8: padding rows; 16 x 2 tokens: two row groups), fp8 and bf16 KV, empty splits and
 empty sequences. Calls back to back on one plan (the counters are reused: each launch must leave
 them at zero) give the same bits, as do interleaved plans of other split counts.
 """
+import contextlib
 import math
 import random
 
@@ -18,12 +20,22 @@ torch = pytest.importorskip("torch", reason="GPU tests need torch")
 
 import mlagen  # noqa: E402
 
-from reference import SM_SCALE, quantize_fp8  # noqa: E402
+from reference import SM_SCALE, attention, dequant_fp8, make_inputs, quantize_fp8, rel_l2  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 QK, DV = 576, 512
 ROW_TOL = {"fp8": 2e-2, "bf16": 1e-2}  # per-row rel L2 against float64 on the values read (bf16 output)
 LSE_TOL = {"fp8": 2e-2, "bf16": 2e-3}  # test_paged.py's: the fp8 paths carry q in ~8 significant bits (hi + lo e4m3)
+
+
+@contextlib.contextmanager
+def split_merge(mode):
+    before = mlagen.split_merge()
+    mlagen.set_split_merge(mode)
+    try:
+        yield
+    finally:
+        mlagen.set_split_merge(before)
 
 
 def fresh_seed():
@@ -111,14 +123,17 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("mode", ["in_launch", "combine"])
 @pytest.mark.parametrize("fmt", ["fp8", "bf16"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_split_merge_matches_float64_per_row(case, fmt):
+def test_split_merge_matches_float64_per_row(case, fmt, mode):
     lens, heads, q_len, splits, in_launch = CASES[case]
+    in_launch = in_launch and mode == "in_launch"
     seed = fresh_seed()
     inp = inputs(lens, heads, q_len, fmt, seed)
     res = {}
-    names = kernels_of(lambda: res.update(zip(("out", "lse"), call(inp, splits))))
+    with split_merge(mode):
+        names = kernels_of(lambda: res.update(zip(("out", "lse"), call(inp, splits))))
     ran = mlagen.last_kernel()
     assert ran["generic"] and ran["splits"] == splits, ran
     decodes = [n for n in names if n.startswith(ran["name"]) and not n.endswith(("_combine", "_amax"))]
@@ -136,11 +151,41 @@ def test_back_to_back_calls_leave_the_counters_ready():
     seed = fresh_seed()
     inp = inputs([2500, 2500, 1200], 16, 1, "fp8", seed)
     other = inputs([4000], 16, 1, "fp8", seed + 1)
-    first, first_lse = call(inp, 11)
-    check_rows(inp, first, first_lse, seed)
-    for i in range(4):
-        call(other, 3 + 7 * i)
-        out, lse = call(inp, 11)
-        assert torch.equal(out, first) and torch.equal(lse, first_lse), f"seed {seed}: call {i + 2} differs from the first"
-    o2, l2 = call(other, 5)
-    check_rows(other, o2, l2, seed + 1)
+    with split_merge("in_launch"):
+        first, first_lse = call(inp, 11)
+        check_rows(inp, first, first_lse, seed)
+        for i in range(4):
+            call(other, 3 + 7 * i)
+            out, lse = call(inp, 11)
+            assert torch.equal(out, first) and torch.equal(lse, first_lse), f"seed {seed}: call {i + 2} differs from the first"
+        o2, l2 = call(other, 5)
+        check_rows(other, o2, l2, seed + 1)
+
+
+def test_every_path_takes_the_process_mode():
+    """The mode is the library's, read at each launch: decode()'s common path (the C++ per-call
+    entry where loaded) and torch.ops.mlagen.decode take it as the ctypes path does."""
+    seed = fresh_seed()
+    inp = make_inputs([1024] * 4, seed)
+    data = {"fp8": (inp["kv_fp8"], inp["kv_scale"])}
+    calls = {"decode": lambda: mlagen.decode(inp["q"], data, inp["qo_indptr"], inp["kv_indptr"], inp["config"]),
+             "torch.ops": lambda: torch.ops.mlagen.decode(inp["q"], inp["kv_fp8"], inp["kv_scale"], inp["qo_indptr"],
+                                                          inp["kv_indptr"], "fp8", "bf16", 1024, inp["config"]["sm_scale"])}
+    outs = {}
+    for mode in ("combine", "in_launch"):
+        with split_merge(mode):
+            for name, fn in calls.items():
+                names = kernels_of(lambda: outs.update({(name, mode): fn()}))
+                assert mlagen.last_kernel()["splits"] > 1
+                assert any(n.endswith("_combine") for n in names) == (mode == "combine"), f"{name} {mode}: {names}"
+    want = attention(inp["q"], dequant_fp8(inp["kv_fp8"], inp["kv_scale"]), inp["kv_lens"], torch.float32)
+    for key, out in outs.items():
+        assert rel_l2(out, want) <= 2e-2, f"seed {seed} {key}: rel_l2 {rel_l2(out, want):.2e}"
+
+
+def test_a_bad_mode_is_refused_naming_it():
+    with pytest.raises(mlagen.MlagenError, match="split merge mode='fused'"):
+        mlagen.set_split_merge("fused")
+    with pytest.raises(mlagen.MlagenError, match="split merge mode=7: expected 0"):
+        mlagen._lib.raise_for(mlagen.lib().mlagen_set_split_merge(7))
+    assert mlagen.split_merge() == "combine"

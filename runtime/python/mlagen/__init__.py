@@ -28,7 +28,7 @@ from ._lib import (DTYPE, KernelInfo, MlagenError, Problem, fingerprint, kernels
                    library_path, raise_for, select)
 
 __all__ = ["decode", "leaderboard_entry", "prepare", "resolve_format", "KV_FORMATS", "FASTEST_ORDER", "check_device_errors", "kernels", "select", "fingerprint", "MlagenError",
-           "Problem", "library_path", "last_kernel", "NUM_HEADS", "MAX_Q_LEN"]
+           "Problem", "library_path", "last_kernel", "NUM_HEADS", "MAX_Q_LEN", "set_split_merge", "split_merge"]
 
 # The leaderboard config's fields with the one value the kernels implement (any other value is
 # an error naming the field; batch_size, kv_seq_len, sm_scale, num_heads and q_seq_len are read).
@@ -196,6 +196,26 @@ _Args = _lib.Args
 _plans: dict = {}  # everything a plan validated (tensor metadata, format, options, config) -> Plan
 _last_plan = None  # the plan of the last decode() run through ctypes here
 _native = None  # the C++ operators (ops.py sets it where libmlagen_torch.so is loaded), else None
+
+
+SPLIT_MERGE = {"combine": 0, "in_launch": 1}  # mlagen.h mlagen_split_merge
+
+
+def set_split_merge(mode: str) -> None:
+    """How split decodes merge their partials, for the whole process (every path: decode(), the
+    operators, plans). "combine" (the default): a combine kernel after the decode, the least device
+    time. "in_launch": one launch a call where the kernel can (sm90a, 16 query rows a block) and
+    its grid is resident at once: about one launch's host time less a call, 1-2 us more device time
+    on split shapes on the H200 (docs/perf.md): for an engine whose decode calls are host-bound."""
+    if mode not in SPLIT_MERGE:
+        raise MlagenError(1, f"split merge mode={mode!r}: expected one of {', '.join(map(repr, SPLIT_MERGE))}")
+    raise_for(lib().mlagen_set_split_merge(SPLIT_MERGE[mode]))
+
+
+def split_merge() -> str:
+    """The process's split-merge mode (set_split_merge)."""
+    code = lib().mlagen_get_split_merge()
+    return next(k for k, v in SPLIT_MERGE.items() if v == code)
 
 
 def last_kernel() -> dict | None:

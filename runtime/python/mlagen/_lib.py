@@ -139,6 +139,8 @@ def lib(path: str | None = None):
         "mlagen_check_device": (ctypes.c_int, []),
         "mlagen_load_kernels": (ctypes.c_int, [ctypes.c_int32]),
         "mlagen_gpu_runtime": (ctypes.c_char_p, []),
+        "mlagen_set_split_merge": (ctypes.c_int, [ctypes.c_int32]),
+        "mlagen_get_split_merge": (ctypes.c_int32, []),
         "mlagen_num_code_objects": (ctypes.c_int32, []),
         "mlagen_num_entry_points": (ctypes.c_int32, []),
     }
