@@ -217,8 +217,10 @@ MLAGEN_DEVICE SplitMerge merge_row(const Params& p, int splits, int64_t part0, i
 MLAGEN_DEVICE void store_merged(const Params& p, const SplitMerge& mg, float o_scale, int64_t tok, int head, int dim,
                                 const float4& acc, bool lse_writer) {
   const float inv = mg.scale(o_scale);
-  *reinterpret_cast<uint2*>(p.out + tok * p.out_stride_token + head * p.out_stride_head + dim) =
-      make_uint2(pack_bf16x2(acc.x * inv, acc.y * inv), pack_bf16x2(acc.z * inv, acc.w * inv));
+  uint2 v;
+  v.x = pack_bf16x2(acc.x * inv, acc.y * inv);
+  v.y = pack_bf16x2(acc.z * inv, acc.w * inv);
+  *reinterpret_cast<uint2*>(p.out + tok * p.out_stride_token + head * p.out_stride_head + dim) = v;
   if (lse_writer && p.lse) p.lse[tok * p.lse_stride_token + head] = mg.lse();
 }
 
