@@ -37,9 +37,11 @@ value anywhere in the output, and the contender gets no time ("a wrong kernel ge
 
 Timing: bench/bench.py's Timer, the leaderboard's method: per repetition synchronize, write the
 flush buffer (--flush-mb, 256 MiB), event, ONE Python call, event, synchronize; the contenders of a
-cell interleaved repetition by repetition after --warmup untimed rounds; mean and median. The
-repetitions of a cell: --reps, fewer when the --budget-s left over the cells left would not hold
-them (never under --min-reps).
+cell interleaved repetition by repetition after --warmup untimed rounds (--order grouped: each
+contender's repetitions back to back instead, as a loop of one call times it; the two orders
+disagree by 6-7 us on mlagen's small cells, docs/perf.md); mean and median. The repetitions of a
+cell: --reps, fewer when the --budget-s left over the cells left would not hold them (never under
+--min-reps).
 
 Verdicts (issue 41's "Done when"): fp8 q at least 1.1x FlashMLA fp8; bf16 q on an fp8 cache at
 least 1.0x the faster of FlashMLA bf16 and FlashMLA fp8; bf16 cache at least 1.0x FlashMLA bf16;
@@ -479,6 +481,14 @@ def cell_reference(torch, q_seen, kv_rows_fn, table, seqs, heads: int, kv_len: i
     return torch.einsum("bthn,bnd->bthd", p, kvs[..., :C.V_DIM])
 
 
+def call_order(contenders: list, reps: int, order: str) -> list:
+    """The timed calls of a cell, in order: 'interleaved' (one call of each contender a round, reps
+    rounds: the default) or 'grouped' (each contender's reps calls back to back)."""
+    if order == "grouped":
+        return [c for c in contenders for _ in range(reps)]
+    return [c for _ in range(reps) for c in contenders]
+
+
 def stats_of(times: list[float]) -> dict:
     import statistics
     s = sorted(times)
@@ -635,9 +645,8 @@ def run_cell(run, cell: dict, data: dict, floors: dict, allowance_s: float) -> d
     gc.collect()
     gc.disable()  # a collection inside a timed call would be timed (outliers of hundreds of us)
     try:
-        for _ in range(reps):
-            for c, fn in live.items():
-                times[c].append(timer.once(fn))
+        for c in call_order(list(live), reps, args.order):
+            times[c].append(timer.once(live[c]))
     finally:
         gc.enable()
     for c, t in times.items():
@@ -730,6 +739,9 @@ def parse_args(argv=None):
                         "'64x1x8,64x2x8:cg,...' (ROWSxTILESxWARPS[:cg])")
     p.add_argument("--no-floor", action="store_true", help="skip the floor (then only the peers decide)")
     p.add_argument("--flush-mb", type=int, default=256, help="buffer written before every timed call, MiB (256)")
+    p.add_argument("--order", choices=("interleaved", "grouped"), default="interleaved",
+                   help="the timed calls of a cell: a round of every contender, reps rounds (default), or each "
+                        "contender's reps back to back")
     p.add_argument("--stat", choices=("median", "mean"), default="median",
                    help="the statistic the ratios and verdicts use (both are recorded; default median)")
     p.add_argument("--fp8-q", choices=("given", "in-call"), default="given",

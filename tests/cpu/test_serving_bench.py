@@ -278,6 +278,15 @@ def test_one_cell_is_checked_timed_and_judged_with_stand_ins(monkeypatch, wrong_
     assert S.cell_line(row).startswith("[h8 3x128 q2] reps 4")
 
 
+def test_call_order_interleaves_by_default_and_groups_on_request():
+    assert S.parse_args([]).order == "interleaved"
+    assert S.call_order(["a", "b", "c"], 2, "interleaved") == ["a", "b", "c", "a", "b", "c"]
+    assert S.call_order(["a", "b", "c"], 2, "grouped") == ["a", "a", "b", "b", "c", "c"]
+    assert S.parse_args(["--order", "grouped"]).order == "grouped"
+    with pytest.raises(SystemExit):
+        S.parse_args(["--order", "random"])
+
+
 # ------------------------------------------------------------------------------- the command line
 
 def test_help_and_list_run_without_a_gpu():
