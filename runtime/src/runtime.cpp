@@ -15,8 +15,6 @@
 #include "facts.inc"     // generated: the problem facts (codegen/facts.py)
 #include "registry.inc"  // generated: kKernelTable, MLAGEN_FINGERPRINT
 
-static_assert(MLAGEN_MAX_SPLITS == mlagen::device::kMaxSplits, "kernel_abi.h kMaxSplits (the in-launch merge's staging) disagrees with codegen/facts.py MAX_SPLITS");
-
 #ifndef MLAGEN_BUILD_ARCH
 #error "MLAGEN_BUILD_ARCH must name the arch this library is built for (CMake sets it)"
 #endif

@@ -108,7 +108,6 @@ struct LaunchInfo {
 constexpr uint32_t kLaunchInfoMagic = 0x4c414c4du;  // "MLAL"
 constexpr int32_t kLaunchInfoVersion = 2;
 constexpr int kCombineThreads = 128, kAmaxThreads = 256;
-constexpr int kMaxSplits = 64;  // KV splits a sequence at most (codegen/facts.py MAX_SPLITS; runtime.cpp checks the two agree)
 // The fp8-q pre-pass: its blocks at most, and the workspace byte offset of their maxima (inside
 // the workspace's reserved first 1 KB: mlagen/internal.h WorkspaceLayout).
 constexpr int kQAmaxParts = 240;

@@ -27,6 +27,7 @@
 #include "mlagen/device/mla_decode_sm90_rows.cuh"
 
 #if defined(MLAGEN_NVIDIA)
+#include "facts.inc"  // generated (codegen/facts.py): MLAGEN_MAX_SPLITS, the in-launch merge's staging bound
 namespace mlagen::device {
 
 template <int kBlockN_, int kStages_, KvFormat kKv_, QFormat kQ_>
@@ -542,7 +543,7 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
 // keeps the bodies' loops without spills either way (tools/check_sm90.py).
 constexpr int kMergeCols = kVDim / 4;                   // float4 pieces a row
 constexpr int kMergePieces = kGroupRows * kMergeCols;   // a row group's
-constexpr int kMergeSmemBytes = (kMergePieces + kMaxSplits) * 16 + kMaxSplits * kGroupRows * 8;
+constexpr int kMergeSmemBytes = (kMergePieces + MLAGEN_MAX_SPLITS) * 16 + MLAGEN_MAX_SPLITS * kGroupRows * 8;
 template <class T, class Shape>
 MLAGEN_DEVICE void merge_in_launch(const Params& p) {
   static_assert(T::kSmemBytes >= kMergeSmemBytes + 128, "the in-launch merge stages a slice in the body's shared memory");
@@ -562,7 +563,7 @@ MLAGEN_DEVICE void merge_in_launch(const Params& p) {
   const int64_t stride = static_cast<int64_t>(Shape::row_groups(p)) * kGroupRows;           // part rows a split
   const int begin = bc.split * kMergePieces / splits, n = (bc.split + 1) * kMergePieces / splits - begin;
   float4* const o_s = reinterpret_cast<float4*>(smem);                      // [split][n] this slice's pieces
-  float2* const ml_s = reinterpret_cast<float2*>(smem + (kMergePieces + kMaxSplits) * 16);  // [split][16 rows]
+  float2* const ml_s = reinterpret_cast<float2*>(smem + (kMergePieces + MLAGEN_MAX_SPLITS) * 16);  // [split][16 rows]
   for (int i = threadIdx.x; i < splits * n; i += T::kThreads) {
     const int sp = i / n, piece = begin + i % n;
     const int64_t row = qr.part(piece / kMergeCols) + sp * stride;
