@@ -246,6 +246,33 @@ MLAGEN_DEVICE float given_q_scale(const Params& p) {
   return 1.f;
 }
 
+// ---- A block's setup: every body's prologue, written once ---------------------------------
+// Where the block sits (sequence, split, its kRows query rows), the split's range of whole
+// kBlockN-token tiles, the sequence's KV rows (contiguous or pages: kv_rows.cuh), and a given fp8
+// q's scale (read early: its round trip overlaps the q loads). On NVIDIA the block also lets a
+// dependent grid (the split combine) start now: that grid waits on the device for our results.
+template <class Shape, int kRows = kGroupRows>
+struct BlockSetup {
+  BlockCoord bc;
+  int splits;
+  Sequence seq;
+  QueryRows qr;
+  float q_given;
+  SplitRange range;
+  KvRows<Shape::kPage> rows;
+};
+template <class T, class Shape, int kBlockN, int kRows = kGroupRows>
+MLAGEN_DEVICE BlockSetup<Shape, kRows> block_setup(const Params& p) {
+  const BlockCoord bc = block_coord<Shape, kRows>(p);
+  allow_dependent_launch();
+  const int splits = Shape::splits(p);
+  const Sequence seq = Shape::sequence(p, bc.b);
+  const QueryRows qr = query_rows<Shape, kRows>(p, bc, seq);
+  const float q_given = given_q_scale<T::kQ>(p);
+  const SplitRange range = split_range(seq.len, bc.split, splits, kBlockN);
+  return BlockSetup<Shape, kRows>{bc, splits, seq, qr, q_given, range, KvRows<Shape::kPage>::of(p, seq)};
+}
+
 // Once per block, before the first load_q4. When quantizing, waits for the pre-pass grid
 // (programmatic dependent launch on NVIDIA: the KV prologue was issued before this).
 template <QFormat QF>

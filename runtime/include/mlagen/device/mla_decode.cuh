@@ -136,21 +136,14 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
   static_assert(W == 32, "mma.sync fragments are defined for 32-lane warps");
   const int warp = threadIdx.x / W, lane = threadIdx.x % W;
   const int g = lane >> 2, t = lane & 3;
-  const BlockCoord bc = block_coord<Shape>(p);
-  const int split = bc.split;
-  allow_dependent_launch();  // the combine grid may start now; it waits for our results
-  const int splits = Shape::splits(p);
+  const BlockSetup<Shape> blk = block_setup<T, Shape, BN>(p);  // the prologue every body shares (formats.cuh)
+  const int split = blk.bc.split, splits = blk.splits,
+            ntiles = blk.range.ntiles, tok_begin = blk.range.tok_begin, tok_end = blk.range.tok_end;
 
-  const Sequence seq = Shape::sequence(p, bc.b);
-  const QueryRows qr = query_rows<Shape>(p, bc, seq);  // rows g, g + 8 of this thread
-  const float q_given = given_q_scale<T::kQ>(p);  // early: its round trip overlaps the q loads
-  const SplitRange range = split_range(seq.len, split, splits, BN);
-  const int ntiles = range.ntiles, tok_begin = range.tok_begin, tok_end = range.tok_end;
-  const KvRows<Shape::kPage> rows = KvRows<Shape::kPage>::of(p, seq);
   bool page_bad = false;  // a page id outside the cache (kv_rows.cuh)
-  const bool per_row = !rows.template tile_contiguous<BN>();  // pages shorter than a tile
+  const bool per_row = !blk.rows.template tile_contiguous<BN>();  // pages shorter than a tile
   TileIds<BN> next_ids;  // then the next tile's page ids, one row a lane
-  if (per_row) next_ids.load(rows, tok_begin, tok_end, lane);
+  if (per_row) next_ids.load(blk.rows, tok_begin, tok_end, lane);
   const float kv_scale = kv_scale_of(p);
   const float o_scale = kv_scale * kVDecodeScale;  // per decoded V unit
 
@@ -169,7 +162,7 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
         cp_async_16(dst + row * T::kRowBytes + col * 16, ok ? src + col * 16 : p.kv, ok);
       }
     };
-    issue_tile_rows<BN>(p, rows, per_row, next_ids, tok0, tok_end, tile + 1 < ntiles, lane, page_bad, copies);
+    issue_tile_rows<BN>(p, blk.rows, per_row, next_ids, tok0, tok_end, tile + 1 < ntiles, lane, page_bad, copies);
   };
 
   float o[4][4][4];  // [32-dim group][n8 tile j][fragment]; see write_out for the dim map
@@ -194,8 +187,8 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
   for (int c = 0; c < T::kQkChunksPerWarp; ++c)
 #pragma unroll
     for (int r = 0; r < 2; ++r)
-      q_raw[c][r] = load_q4_raw<T::kQ>(p, qr.token(g + 8 * r), qr.head(g + 8 * r), (warp * T::kQkChunksPerWarp + c) * 16 + 4 * t);
-  const QQuant qq = q_setup<T::kQ>(p, q_given);
+      q_raw[c][r] = load_q4_raw<T::kQ>(p, blk.qr.token(g + 8 * r), blk.qr.head(g + 8 * r), (warp * T::kQkChunksPerWarp + c) * 16 + 4 * t);
+  const QQuant qq = q_setup<T::kQ>(p, blk.q_given);
   int q_shift = 0;  // a bf16 q beyond f16's range: f16_q_shift (this warp's slice)
   if constexpr (T::kQ == QFormat::kBf16) {
     float a = 0.f;
@@ -252,7 +245,7 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
     }
     float alpha[2];
     const int tok0 = tok_begin + it * BN;
-    const int valid[2] = {min(tok_end, qr.key_end(g)) - tok0, min(tok_end, qr.key_end(g + 8)) - tok0};
+    const int valid[2] = {min(tok_end, blk.qr.key_end(g)) - tok0, min(tok_end, blk.qr.key_end(g + 8)) - tok0};
     softmax_tile<T, Shape::kRowsEndEarly>(s, red, warp, lane, valid, s_scale, m, l, alpha);
 #pragma unroll
     for (int i = 0; i < 4; ++i)
@@ -286,7 +279,7 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
     }
   }
   cp_async_wait<0>();
-  const bool bad = rows.block_any_bad(p, page_bad) || seq.bad;
+  const bool bad = blk.rows.block_any_bad(p, page_bad) || blk.seq.bad;
 
   quad_sum(l);
 
@@ -295,10 +288,10 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
   if (splits == 1) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      if (!qr.owns(g + 8 * r)) continue;  // a padding row
+      if (!blk.qr.owns(g + 8 * r)) continue;  // a padding row
       const float inv = out_scale(l[r], o_scale, bad);
-      const int64_t tok = qr.token(g + 8 * r);
-      const int h = qr.head(g + 8 * r);
+      const int64_t tok = blk.qr.token(g + 8 * r);
+      const int h = blk.qr.head(g + 8 * r);
       if (warp == 0 && t == 0) store_lse(p, tok, h, m[r], l[r], bad);
       uint16_t* out = p.out + tok * p.out_stride_token + h * p.out_stride_head;
 #pragma unroll
@@ -315,7 +308,7 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
   } else {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float* po = p.part_o + qr.part(g + 8 * r) * kVDim;
+      float* po = p.part_o + blk.qr.part(g + 8 * r) * kVDim;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int d = warp * T::kVDimsPerWarp + 32 * i + 8 * t;
@@ -324,7 +317,7 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
             make_float4(o[i][0][2 * r + 1], o[i][1][2 * r + 1], o[i][2][2 * r + 1], o[i][3][2 * r + 1]);
       }
       if (warp == 0 && t == 0)
-        p.part_ml[qr.part(g + 8 * r)] = split_state(m[r], l[r], bad);
+        p.part_ml[blk.qr.part(g + 8 * r)] = split_state(m[r], l[r], bad);
     }
   }
 }
@@ -346,21 +339,14 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
 
   const int warp = threadIdx.x / W, lane = threadIdx.x % W;
   const int g = lane >> 2, t = lane & 3;
-  const BlockCoord bc = block_coord<Shape>(p);
-  const int split = bc.split;
-  allow_dependent_launch();
-  const int splits = Shape::splits(p);
+  const BlockSetup<Shape> blk = block_setup<T, Shape, BN>(p);  // the prologue every body shares (formats.cuh)
+  const int split = blk.bc.split, splits = blk.splits,
+            ntiles = blk.range.ntiles, tok_begin = blk.range.tok_begin, tok_end = blk.range.tok_end;
 
-  const Sequence seq = Shape::sequence(p, bc.b);
-  const QueryRows qr = query_rows<Shape>(p, bc, seq);  // rows g, g + 8 of this thread
-  const float q_given = given_q_scale<T::kQ>(p);  // early: its round trip overlaps the q loads
-  const SplitRange range = split_range(seq.len, split, splits, BN);
-  const int ntiles = range.ntiles, tok_begin = range.tok_begin, tok_end = range.tok_end;
-  const KvRows<Shape::kPage> rows = KvRows<Shape::kPage>::of(p, seq);
   bool page_bad = false;  // a page id outside the cache (kv_rows.cuh)
-  const bool per_row = !rows.template tile_contiguous<BN>();  // pages shorter than a tile
+  const bool per_row = !blk.rows.template tile_contiguous<BN>();  // pages shorter than a tile
   TileIds<BN> next_ids;  // then the next tile's page ids, one row a lane
-  if (per_row) next_ids.load(rows, tok_begin, tok_end, lane);
+  if (per_row) next_ids.load(blk.rows, tok_begin, tok_end, lane);
 
   auto issue_tile = [&](int tile, int stage) {
     const int tok0 = tok_begin + tile * BN;
@@ -381,14 +367,14 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
         }
       }
     };
-    issue_tile_rows<BN>(p, rows, per_row, next_ids, tok0, tok_end, tile + 1 < ntiles, lane, page_bad, copies);
+    issue_tile_rows<BN>(p, blk.rows, per_row, next_ids, tok0, tok_end, tile + 1 < ntiles, lane, page_bad, copies);
     if constexpr (kMx) {  // the scale rows of the tile's tokens, through an aligned window
       uint8_t* win = smem + stage * T::kStageBytes + MxStage<BN>::kDataBytes;
-      if (rows.template tile_contiguous<BN>())
-        mx_issue_scale_window<BN, T::kThreads>(p.kv_scales, p.kv_scales_stride, p.total_kv, rows.row(tok0, page_bad),
+      if (blk.rows.template tile_contiguous<BN>())
+        mx_issue_scale_window<BN, T::kThreads>(p.kv_scales, p.kv_scales_stride, p.total_kv, blk.rows.row(tok0, page_bad),
                                                min(BN, tok_end - tok0), dst + MxStage<BN>::kDataBytes, win, threadIdx.x);
       else
-        mx_issue_scale_rows<BN, T::kThreads>(p.kv_scales, p.kv_scales_stride, rows, tok0, min(BN, tok_end - tok0), win,
+        mx_issue_scale_rows<BN, T::kThreads>(p.kv_scales, p.kv_scales_stride, blk.rows, tok0, min(BN, tok_end - tok0), win,
                                              threadIdx.x, page_bad);
     }
   };
@@ -413,9 +399,9 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
     for (int r = 0; r < 2; ++r)
 #pragma unroll
       for (int hl = 0; hl < 2; ++hl)
-        q_raw[c][r][hl] = load_q4_raw<T::kQ>(p, qr.token(g + 8 * r), qr.head(g + 8 * r),
+        q_raw[c][r][hl] = load_q4_raw<T::kQ>(p, blk.qr.token(g + 8 * r), blk.qr.head(g + 8 * r),
                                              (warp * T::kQkChunksPerWarp + c) * 16 + 8 * hl + 4 * (t >> 1));
-  const QQuant qq = q_setup<T::kQ>(p, q_given);  // after the KV prologue and the q loads
+  const QQuant qq = q_setup<T::kQ>(p, blk.q_given);  // after the KV prologue and the q loads
   const float s_scale = qq.scale * p.sm_scale * kLog2e;  // log2 domain
   // Q as bf16 A fragments, natural k order: a[0] = Q[g][2t, 2t+1], a[1] = Q[g+8][2t, 2t+1],
   // a[2] = Q[g][2t+8, 2t+9], a[3] = Q[g+8][2t+8, 2t+9] of each 16-dim chunk.
@@ -440,13 +426,13 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
     if (it + ST - 1 < ntiles) issue_tile(it + ST - 1, (it + ST - 1) % ST);
     cp_async_commit();
     const int valid_rows = tok_end - (tok_begin + it * BN);  // the tile's rows
-    const int valid[2] = {min(tok_end, qr.key_end(g)) - (tok_begin + it * BN),
-                          min(tok_end, qr.key_end(g + 8)) - (tok_begin + it * BN)};  // rows g, g + 8's keys
+    const int valid[2] = {min(tok_end, blk.qr.key_end(g)) - (tok_begin + it * BN),
+                          min(tok_end, blk.qr.key_end(g + 8)) - (tok_begin + it * BN)};  // rows g, g + 8's keys
     uint32_t tile = smem_kv + (it % ST) * T::kStageBytes;
     if constexpr (kMx) {
       const int tok0 = tok_begin + it * BN;
       mxfp4_stage_to_bf16<BN, T::kThreads>(smem + (it % ST) * T::kStageBytes,
-                                           mx_scale_offset<BN>(rows, tok0, p.kv_scales_stride, page_bad),
+                                           mx_scale_offset<BN>(blk.rows, tok0, p.kv_scales_stride, page_bad),
                                            p.kv_scales_stride, valid_rows, dec, T::kRowBytes, threadIdx.x);
       __syncthreads();  // the bf16 tile is complete
       tile = smem_addr(dec);
@@ -497,17 +483,17 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
     }
   }
   cp_async_wait<0>();
-  const bool bad = rows.block_any_bad(p, page_bad) || seq.bad;
+  const bool bad = blk.rows.block_any_bad(p, page_bad) || blk.seq.bad;
 
   quad_sum(l);
 
   if (splits == 1) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      if (!qr.owns(g + 8 * r)) continue;  // a padding row
+      if (!blk.qr.owns(g + 8 * r)) continue;  // a padding row
       const float inv = out_scale(l[r], 1.f, bad);
-      const int64_t tok = qr.token(g + 8 * r);
-      const int h = qr.head(g + 8 * r);
+      const int64_t tok = blk.qr.token(g + 8 * r);
+      const int h = blk.qr.head(g + 8 * r);
       if (warp == 0 && t == 0) store_lse(p, tok, h, m[r], l[r], bad);
       uint16_t* out = p.out + tok * p.out_stride_token + h * p.out_stride_head + warp * T::kVDimsPerWarp + 2 * t;
 #pragma unroll
@@ -517,10 +503,10 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
   } else {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float* po = p.part_o + qr.part(g + 8 * r) * kVDim + warp * T::kVDimsPerWarp + 2 * t;
+      float* po = p.part_o + blk.qr.part(g + 8 * r) * kVDim + warp * T::kVDimsPerWarp + 2 * t;
 #pragma unroll
       for (int n = 0; n < 16; ++n) *reinterpret_cast<float2*>(po + 8 * n) = make_float2(o[n][2 * r], o[n][2 * r + 1]);
-      if (warp == 0 && t == 0) p.part_ml[qr.part(g + 8 * r)] = split_state(m[r], l[r], bad);
+      if (warp == 0 && t == 0) p.part_ml[blk.qr.part(g + 8 * r)] = split_state(m[r], l[r], bad);
     }
   }
 }

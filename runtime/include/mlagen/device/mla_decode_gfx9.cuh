@@ -174,22 +174,17 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
   const int wave = threadIdx.x / MLAGEN_WARP_SIZE, lane = threadIdx.x % MLAGEN_WARP_SIZE;
   const int i = lane & 15, j = lane >> 4;  // MFMA lane coordinates: query row i of the block
   constexpr bool kEarly = Shape::kRowsEndEarly;  // causal rows that may see no key of a tile
-  const BlockCoord bc = block_coord<Shape>(p);
-  const int splits = Shape::splits(p);
-  const Sequence seq = Shape::sequence(p, bc.b);
-  const QueryRows qr = query_rows<Shape>(p, bc, seq);
-  const int64_t q_tok = qr.token(i);  // row i's q
-  const int q_head = qr.head(i);
-  const float q_given = given_q_scale<T::kQ>(p);  // early: its round trip overlaps the q loads
-  const SplitRange range = split_range(seq.len, bc.split, splits, BN);
-  const int ntiles = range.ntiles, tok_begin = range.tok_begin, tok_end = range.tok_end;
+  const BlockSetup<Shape> blk = block_setup<T, Shape, BN>(p);  // the prologue every body shares (formats.cuh)
+  const int splits = blk.splits, ntiles = blk.range.ntiles,
+            tok_begin = blk.range.tok_begin, tok_end = blk.range.tok_end;
+  const int64_t q_tok = blk.qr.token(i);  // row i's q
+  const int q_head = blk.qr.head(i);
   // row i's keys end here (causal; the split's end when no row ends early)
-  const int row_end = kEarly ? min(tok_end, qr.key_end(i)) : tok_end;
-  const KvRows<Shape::kPage> rows = KvRows<Shape::kPage>::of(p, seq);
+  const int row_end = kEarly ? min(tok_end, blk.qr.key_end(i)) : tok_end;
   bool page_bad = false;  // a page id outside the cache (kv_rows.cuh)
-  const uint8_t* kv = p.kv + seq.kv_begin * p.kv_stride_bytes;  // contiguous KV: the sequence's first row
+  const uint8_t* kv = p.kv + blk.seq.kv_begin * p.kv_stride_bytes;  // contiguous KV: the sequence's first row
   const float kv_scale = kv_scale_of(p);
-  const QQuant qq = q_setup<T::kQ>(p, q_given);
+  const QQuant qq = q_setup<T::kQ>(p, blk.q_given);
   int q_shift = 0;  // a bf16 q beyond f16's range: f16_q_shift (this wave's slice)
   if constexpr (T::kQ == QFormat::kBf16) {
     float a = 0.f;
@@ -218,7 +213,7 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
       const int idx = threadIdx.x + k * T::kThreads;
       const int row = idx / T::kChunksPerRow, col = idx % T::kChunksPerRow;
       const bool ok = idx < T::kChunksPerTile && tok0 + row < tok_end;
-      staged[k] = ok ? *reinterpret_cast<const uint4*>(kv_row(rows, kv, p.kv_stride_bytes, tok0 + row, page_bad) +
+      staged[k] = ok ? *reinterpret_cast<const uint4*>(kv_row(blk.rows, kv, p.kv_stride_bytes, tok0 + row, page_bad) +
                                                        col * 16)
                      : make_uint4(0u, 0u, 0u, 0u);
     }
@@ -295,8 +290,8 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
     }
   }
 
-  const bool bad = rows.block_any_bad(p, page_bad) || seq.bad;
-  write_result<T>(p, o, m, l, o_scale, qr, bad, splits, wave, lane);
+  const bool bad = blk.rows.block_any_bad(p, page_bad) || blk.seq.bad;
+  write_result<T>(p, o, m, l, o_scale, blk.qr, bad, splits, wave, lane);
 }
 
 // ---- wide path (bf16 and mxfp4 KV) ------------------------------------------------------
@@ -374,21 +369,16 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
   const int wave = threadIdx.x / MLAGEN_WARP_SIZE, lane = threadIdx.x % MLAGEN_WARP_SIZE;
   const int i = lane & 15, j = lane >> 4;  // MFMA lane coordinates: query row i of the block
   constexpr bool kEarly = Shape::kRowsEndEarly;  // causal rows that may see no key of a tile
-  const BlockCoord bc = block_coord<Shape>(p);
-  const int splits = Shape::splits(p);
-  const Sequence seq = Shape::sequence(p, bc.b);
-  const QueryRows qr = query_rows<Shape>(p, bc, seq);
-  const int64_t q_tok = qr.token(i);  // row i's q
-  const int q_head = qr.head(i);
-  const float q_given = given_q_scale<T::kQ>(p);  // early: its round trip overlaps the q loads
-  const SplitRange range = split_range(seq.len, bc.split, splits, BN);
-  const int ntiles = range.ntiles, tok_begin = range.tok_begin, tok_end = range.tok_end;
+  const BlockSetup<Shape> blk = block_setup<T, Shape, BN>(p);  // the prologue every body shares (formats.cuh)
+  const int splits = blk.splits, ntiles = blk.range.ntiles,
+            tok_begin = blk.range.tok_begin, tok_end = blk.range.tok_end;
+  const int64_t q_tok = blk.qr.token(i);  // row i's q
+  const int q_head = blk.qr.head(i);
   // row i's keys end here (causal; the split's end when no row ends early)
-  const int row_end = kEarly ? min(tok_end, qr.key_end(i)) : tok_end;
-  const KvRows<Shape::kPage> rows = KvRows<Shape::kPage>::of(p, seq);
+  const int row_end = kEarly ? min(tok_end, blk.qr.key_end(i)) : tok_end;
   bool page_bad = false;  // a page id outside the cache (kv_rows.cuh)
-  const uint8_t* kv = p.kv + seq.kv_begin * p.kv_stride_bytes;  // contiguous KV: the sequence's first row
-  const QQuant qq = q_setup<T::kQ>(p, q_given);
+  const uint8_t* kv = p.kv + blk.seq.kv_begin * p.kv_stride_bytes;  // contiguous KV: the sequence's first row
+  const QQuant qq = q_setup<T::kQ>(p, blk.q_given);
   const float s_scale = qq.scale * p.sm_scale * kLog2e;  // log2 domain; no KV scale
   const int d0 = wave * QC * 16;  // this wave's first QK dim
 
@@ -417,16 +407,16 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
       const int idx = threadIdx.x + k * T::kThreads;
       const int row = idx / T::kChunksPerRow, col = idx % T::kChunksPerRow;
       const bool ok = (T::kChunksPerTile % T::kThreads == 0 || idx < T::kChunksPerTile) && tok0 + row < tok_end;
-      staged[k] = ok ? *reinterpret_cast<const uint4*>(kv_row(rows, kv, p.kv_stride_bytes, tok0 + row, page_bad) +
+      staged[k] = ok ? *reinterpret_cast<const uint4*>(kv_row(blk.rows, kv, p.kv_stride_bytes, tok0 + row, page_bad) +
                                                        col * 16)
                      : make_uint4(0u, 0u, 0u, 0u);
     }
     if constexpr (kMx) {
       const int valid = min(BN, tok_end - tok0);
-      if (!rows.template tile_contiguous<BN>()) {  // pages shorter than the tile: byte by byte
-        staged_sc = MxBytes::load(p.kv_scales, p.kv_scales_stride, rows, tok0, valid, threadIdx.x, page_bad);
+      if (!blk.rows.template tile_contiguous<BN>()) {  // pages shorter than the tile: byte by byte
+        staged_sc = MxBytes::load(p.kv_scales, p.kv_scales_stride, blk.rows, tok0, valid, threadIdx.x, page_bad);
       } else if (threadIdx.x < MxStage<BN>::kScaleChunks) {  // one run of rows: the aligned window
-        const MxScaleWindow win = mx_scale_window(rows.row(tok0, page_bad), valid, p.kv_scales_stride);
+        const MxScaleWindow win = mx_scale_window(blk.rows.row(tok0, page_bad), valid, p.kv_scales_stride);
         staged_sc = load_scale_chunk(p.kv_scales, win.start + 16 * threadIdx.x, win.end);
       }
     }
@@ -442,7 +432,7 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
       }
     }
     if constexpr (kMx) {
-      if (!rows.template tile_contiguous<BN>())
+      if (!blk.rows.template tile_contiguous<BN>())
         MxBytes::store(staged_sc, stage + MxStage<BN>::kDataBytes, p.kv_scales_stride, threadIdx.x);
       else if (threadIdx.x < MxStage<BN>::kScaleChunks)
         *reinterpret_cast<uint4*>(stage + MxStage<BN>::kDataBytes + 16 * threadIdx.x) = staged_sc;
@@ -467,7 +457,7 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
     if (it + 1 < ntiles) load_tile(it + 1);  // in flight while this tile is computed
     const int tok0 = tok_begin + it * BN, valid = tok_end - tok0;
     if constexpr (kMx) {
-      mxfp4_stage_to_bf16<BN, T::kThreads>(stage, mx_scale_offset<BN>(rows, tok0, p.kv_scales_stride, page_bad),
+      mxfp4_stage_to_bf16<BN, T::kThreads>(stage, mx_scale_offset<BN>(blk.rows, tok0, p.kv_scales_stride, page_bad),
                                            p.kv_scales_stride, valid, smem + T::kStageBytes, RB, threadIdx.x);
       __syncthreads();  // the bf16 tile is complete
     }
@@ -515,8 +505,8 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
     if constexpr (!kMx) __syncthreads();  // bf16: every wave is done reading the tile
   }
 
-  const bool bad = rows.block_any_bad(p, page_bad) || seq.bad;
-  write_result<T>(p, o, m, l, /*o_scale=*/1.f, qr, bad, splits, wave, lane);
+  const bool bad = blk.rows.block_any_bad(p, page_bad) || blk.seq.bad;
+  write_result<T>(p, o, m, l, /*o_scale=*/1.f, blk.qr, bad, splits, wave, lane);
 }
 
 template <class T, class Shape>

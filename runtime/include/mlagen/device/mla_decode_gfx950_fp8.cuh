@@ -288,22 +288,17 @@ MLAGEN_DEVICE void decode_fp8_native(const Params& p, uint8_t* /*smem: unused, s
   const int wave = threadIdx.x / MLAGEN_WARP_SIZE, lane = threadIdx.x % MLAGEN_WARP_SIZE;
   const int i = lane & 15, j = lane >> 4;  // MFMA lane coordinates: query row i of the block
   constexpr bool kEarly = Shape::kRowsEndEarly;  // causal rows that may see no key of a tile
-  const BlockCoord bc = block_coord<Shape>(p);
-  const int b = bc.b, split = bc.split;
-  const int splits = Shape::splits(p);
-  const Sequence seq = Shape::sequence(p, b);
-  const QueryRows qr = query_rows<Shape>(p, bc, seq);
-  const float q_given = given_q_scale<T::kQ>(p);
-  const SplitRange range = split_range(seq.len, split, splits, BN);
+  const BlockSetup<Shape> blk = block_setup<T, Shape, BN>(p);  // the prologue every body shares (formats.cuh)
+  const int splits = blk.splits;
+  const int b = blk.bc.b, split = blk.bc.split;
   // row i's keys end here (causal; the split's end when no row ends early)
-  const int row_end = kEarly ? min(range.tok_end, qr.key_end(i)) : range.tok_end;
-  const KvRows<Shape::kPage> rows = KvRows<Shape::kPage>::of(p, seq);
+  const int row_end = kEarly ? min(blk.range.tok_end, blk.qr.key_end(i)) : blk.range.tok_end;
   bool page_bad = false;  // a page id outside the cache (kv_rows.cuh)
-  const uint8_t* kv = p.kv + seq.kv_begin * p.kv_stride_bytes;  // contiguous KV: the sequence's first row
+  const uint8_t* kv = p.kv + blk.seq.kv_begin * p.kv_stride_bytes;  // contiguous KV: the sequence's first row
   const int64_t stride = p.kv_stride_bytes;
   // this wave's tiles (wave-uniform: scalar branches)
-  const int ntiles = __builtin_amdgcn_readfirstlane(range.ntiles > wave ? (range.ntiles - wave + W - 1) / W : 0);
-  auto tok0_of = [&](int k) { return range.tok_begin + (k * W + wave) * BN; };
+  const int ntiles = __builtin_amdgcn_readfirstlane(blk.range.ntiles > wave ? (blk.range.ntiles - wave + W - 1) / W : 0);
+  auto tok0_of = [&](int k) { return blk.range.tok_begin + (k * W + wave) * BN; };
   uint8_t* const stage0 = lds_stage0 + wave * T::kTileBytes;
   uint8_t* const stage1 = lds_stage1 + wave * T::kTileBytes;
 
@@ -323,12 +318,12 @@ MLAGEN_DEVICE void decode_fp8_native(const Params& p, uint8_t* /*smem: unused, s
   // has no alias scopes for these accesses), which would leave one tile a wave in flight. Two
   // a wave, 8 (147 KB) a CU, keep HBM busy while the pair is computed: docs/perf.md (AMD).
   auto issue_pair = [&](int k) {
-    if (k < ntiles) issue_tile<T>(rows, kv, stride, tok0_of(k), range.tok_end, stage0, lane, page_bad);
-    if (k + 1 < ntiles) issue_tile<T>(rows, kv, stride, tok0_of(k + 1), range.tok_end, stage1, lane, page_bad);
+    if (k < ntiles) issue_tile<T>(blk.rows, kv, stride, tok0_of(k), blk.range.tok_end, stage0, lane, page_bad);
+    if (k + 1 < ntiles) issue_tile<T>(blk.rows, kv, stride, tok0_of(k + 1), blk.range.tok_end, stage1, lane, page_bad);
   };
   issue_pair(0);  // in flight while q is loaded and quantized
-  const QQuant qq = q_setup<T::kQ>(p, q_given);
-  const QOperands q = load_q<T>(p, qq, qr.token(i), qr.head(i), j, kv_scale);
+  const QQuant qq = q_setup<T::kQ>(p, blk.q_given);
+  const QOperands q = load_q<T>(p, qq, blk.qr.token(i), blk.qr.head(i), j, kv_scale);
   auto step = [&](int k, const uint8_t* stage) {
     f32x4 s[2];
     scores(stage, q, i, j, s);
@@ -341,7 +336,7 @@ MLAGEN_DEVICE void decode_fp8_native(const Params& p, uint8_t* /*smem: unused, s
     if (k + 1 < ntiles) step(k + 1, stage1);
     issue_pair(k + 2);
   }
-  const bool bad = rows.block_any_bad(p, page_bad) || seq.bad;  // every wave's tiles are issued
+  const bool bad = blk.rows.block_any_bad(p, page_bad) || blk.seq.bad;  // every wave's tiles are issued
 
   // ---- merge the 4 waves (LDS: the stages are free once every wave is past its loop) ----
   auto o_slot = [](int v) {  // wave v's O, [row][512] fp32
@@ -376,9 +371,9 @@ MLAGEN_DEVICE void decode_fp8_native(const Params& p, uint8_t* /*smem: unused, s
   __syncthreads();
   // thread t: the block's query row h = t / 16, dims d0 .. d0 + 31
   const int h = threadIdx.x / 16, d0 = (threadIdx.x % 16) * 32;
-  const bool owns = qr.owns(h);  // else a padding row: computed, never written
-  const int64_t tok = qr.token(h);
-  const int head = qr.head(h);
+  const bool owns = blk.qr.owns(h);  // else a padding row: computed, never written
+  const int64_t tok = blk.qr.token(h);
+  const int head = blk.qr.head(h);
   const float mh = head_max(h);
   float lh = 0.f;
 #pragma unroll
@@ -410,21 +405,21 @@ MLAGEN_DEVICE void decode_fp8_native(const Params& p, uint8_t* /*smem: unused, s
     return;
   }
   // ---- a split's partial; the last split of the (sequence, row group) to finish merges them
-  float4* po = reinterpret_cast<float4*>(p.part_o + qr.part(h) * kVDim + d0);  // padding rows too: harmless
+  float4* po = reinterpret_cast<float4*>(p.part_o + blk.qr.part(h) * kVDim + d0);  // padding rows too: harmless
 #pragma unroll
   for (int e = 0; e < 32; e += 4) po[e / 4] = make_float4(acc[e], acc[e + 1], acc[e + 2], acc[e + 3]);
-  if (threadIdx.x % 16 == 0) p.part_ml[qr.part(h)] = split_state(mh, lh, bad);
+  if (threadIdx.x % 16 == 0) p.part_ml[blk.qr.part(h)] = split_state(mh, lh, bad);
   __threadfence();  // release: this block's partial before its arrival
   __syncthreads();
   int* last = reinterpret_cast<int*>(lds_ml + T::kMlBytes);
-  uint32_t* const counter = p.split_counters + static_cast<int64_t>(b) * Shape::row_groups(p) + bc.group;
+  uint32_t* const counter = p.split_counters + static_cast<int64_t>(b) * Shape::row_groups(p) + blk.bc.group;
   if (threadIdx.x == 0) *last = atomicAdd(counter, 1u) == static_cast<uint32_t>(splits - 1);
   __syncthreads();
   if (!*last) return;
   __threadfence();  // acquire: every split's partial
   // split s's row h: qr.part(h) + (s - split) * part_stride (shapes.cuh: [batch, splits, row_groups, 16])
   const int64_t part_stride = static_cast<int64_t>(Shape::row_groups(p)) * kGroupRows;
-  if (owns) merge_splits(p, splits, qr.part(h) - split * part_stride, part_stride, tok, head, d0, kv_scale);
+  if (owns) merge_splits(p, splits, blk.qr.part(h) - split * part_stride, part_stride, tok, head, d0, kv_scale);
   if (threadIdx.x == 0) *counter = 0u;  // ready for the next launch (and graph replay)
 #else
   (void)p;

@@ -435,15 +435,9 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
   // The O groups copy the KV tiles (group 0's instructions are each tile's critical path: 64 rows
   // -4.2..-4.6%; with the bulk tensor copy the O groups' part is one thread's box issue).
 
-  const BlockCoord bc = block_coord<Shape, R>(p);
-  allow_dependent_launch();
-  const int splits = Shape::splits(p);
-  const Sequence seq = Shape::sequence(p, bc.b);
-  const QueryRows qr = query_rows<Shape, R>(p, bc, seq);
-  const float q_given = given_q_scale<T::kQ>(p);
-  const SplitRange range = split_range(seq.len, bc.split, splits, BN);
-  const int ntiles = range.ntiles, tok_begin = range.tok_begin, tok_end = range.tok_end;
-  const KvRows<Shape::kPage> rows = KvRows<Shape::kPage>::of(p, seq);
+  const BlockSetup<Shape, R> blk = block_setup<T, Shape, BN, R>(p);  // the prologue every body shares (formats.cuh)
+  const int splits = blk.splits, ntiles = blk.range.ntiles,
+            tok_begin = blk.range.tok_begin, tok_end = blk.range.tok_end;
   bool page_bad = false;
   const float kv_scale = kv_scale_of(p);
   if (tid == 0) {
@@ -473,9 +467,9 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
     auto wait_p = [&] {
       if (j >= ST) mbarrier_wait(empty(j % ST), ((j - ST) / ST) & 1);
     };
-    if (rows_left >= BN && rows.template tile_contiguous<BN>()) {  // (uniform)
+    if (rows_left >= BN && blk.rows.template tile_contiguous<BN>()) {  // (uniform)
       if (wt == 0) {
-        const int y = static_cast<int>(rows.row(tok0, page_bad));
+        const int y = static_cast<int>(blk.rows.row(tok0, page_bad));
         mbarrier_arrive_expect_tx(bar, F::group_bytes(oc));
         copy.boxes(dst, maps, y, bar);
       } else {
@@ -486,11 +480,11 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
           wait_p();
           if (wt == 0) {
             bool unused = false;  // (the row was checked above)
-            F::Copy::p_boxes(dst, maps, static_cast<int>(rows.row(tok0, unused)), bar);
+            F::Copy::p_boxes(dst, maps, static_cast<int>(blk.rows.row(tok0, unused)), bar);
           }
         }
     } else {
-      copy.rows(dst, p, rows, tok0, rows_left, page_bad, wait_p);
+      copy.rows(dst, p, blk.rows, tok0, rows_left, page_bad, wait_p);
       cp_async_mbarrier_arrive_noinc(bar);
     }
   };
@@ -499,18 +493,18 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
     for (int j = 0; j < ST; ++j) issue_tile(j);
 
   // ---- Q, once, by all three groups: rows 16 pass + tid / 8 (pass 0..1 covers 48 rows a pass)
-  const QQuant qq = q_setup<T::kQ>(p, q_given);
+  const QQuant qq = q_setup<T::kQ>(p, blk.q_given);
   {
     const int part = tid % 8;
     auto dim_of = [&](int i) { return 8 * (8 * (i / 2) + part) + 4 * (i % 2); };
     for (int r = tid / 8; r < R; r += L::kThreads / 8) {
       uint2 raw[18];
 #pragma unroll
-      for (int i = 0; i < 18; ++i) raw[i] = load_q4_raw<T::kQ>(p, qr.token(r), qr.head(r), dim_of(i));
+      for (int i = 0; i < 18; ++i) raw[i] = load_q4_raw<T::kQ>(p, blk.qr.token(r), blk.qr.head(r), dim_of(i));
       const float inv_c = F::template stage_q<T::kQ, kLo, L>(qq, raw, s_q, r, dim_of);
       if (part == 0) {
         row_cs[r] = inv_c * (kv_scale * qq.scale * p.sm_scale * kLog2e);
-        row_end[r] = min(tok_end, qr.key_end(r));
+        row_end[r] = min(tok_end, blk.qr.key_end(r));
       }
     }
   }
@@ -634,16 +628,16 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
     // arrivals on empty, so after the last tile's phase group 0 sees it, and so do the O groups
     // after sums_ready. (No block barrier: one reached from the two roles' code is divergent to
     // synccheck.)
-    if (rows.paged() && ntiles > 0) mbarrier_wait(empty((ntiles - 1) % PS), ((ntiles - 1) / PS) & 1);
-    const bool bad = (rows.paged() && *any_bad_page != 0) || seq.bad;
+    if (blk.rows.paged() && ntiles > 0) mbarrier_wait(empty((ntiles - 1) % PS), ((ntiles - 1) / PS) & 1);
+    const bool bad = (blk.rows.paged() && *any_bad_page != 0) || blk.seq.bad;
     // l_final for the O groups, through an mbarrier
     mbarrier_arrive(sums_ready);
     if (w == 0 && g == 0)
 #pragma unroll
       for (int k = 0; k < NS; ++k) {
         const int row = wg_column(k, t);
-        if (splits > 1) p.part_ml[qr.part(row)] = split_state(m[k], l[k], bad);
-        else if (qr.owns(row)) store_lse(p, qr.token(row), qr.head(row), m[k], l[k], bad);
+        if (splits > 1) p.part_ml[blk.qr.part(row)] = split_state(m[k], l[k], bad);
+        else if (blk.qr.owns(row)) store_lse(p, blk.qr.token(row), blk.qr.head(row), m[k], l[k], bad);
       }
   } else {
     // ======== groups 1, 2: O^T of their 256 dims for all 64 rows ============================
@@ -685,7 +679,7 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
     }
     mbarrier_wait(sums_ready, 0);  // group 0's sums (and any_bad_page: see group 0's epilogue)
     if (page_bad) flag_error(p, kDevErrPageTable);
-    const bool bad = (rows.paged() && *any_bad_page != 0) || seq.bad;
+    const bool bad = (blk.rows.paged() && *any_bad_page != 0) || blk.seq.bad;
 #pragma unroll
     for (int j = 0; j < R / 8; ++j)
 #pragma unroll
@@ -701,24 +695,24 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
         if constexpr (F::kODimsContiguous) {
           const int dv = F::o_dim(oc, w, g, 0);
           if (splits == 1) {
-            if (qr.owns(br)) {
-              uint16_t* out = p.out + qr.token(br) * p.out_stride_token + qr.head(br) * p.out_stride_head + dv;
+            if (blk.qr.owns(br)) {
+              uint16_t* out = p.out + blk.qr.token(br) * p.out_stride_token + blk.qr.head(br) * p.out_stride_head + dv;
               *reinterpret_cast<uint4*>(out) = make_uint4(pack_bf16x2(ov[0], ov[1]), pack_bf16x2(ov[2], ov[3]),
                                                           pack_bf16x2(ov[4], ov[5]), pack_bf16x2(ov[6], ov[7]));
             }
           } else {
-            float4* po = reinterpret_cast<float4*>(p.part_o + qr.part(br) * kVDim + dv);
+            float4* po = reinterpret_cast<float4*>(p.part_o + blk.qr.part(br) * kVDim + dv);
             po[0] = make_float4(ov[0], ov[1], ov[2], ov[3]);
             po[1] = make_float4(ov[4], ov[5], ov[6], ov[7]);
           }
         } else if (splits == 1) {  // single values: the 8 lanes g of a row write 8 dims back to back
-          if (qr.owns(br)) {
-            uint16_t* out = p.out + qr.token(br) * p.out_stride_token + qr.head(br) * p.out_stride_head;
+          if (blk.qr.owns(br)) {
+            uint16_t* out = p.out + blk.qr.token(br) * p.out_stride_token + blk.qr.head(br) * p.out_stride_head;
 #pragma unroll
             for (int i = 0; i < 8; ++i) out[F::o_dim(oc, w, g, i)] = static_cast<uint16_t>(pack_bf16x2(ov[i], 0.f));
           }
         } else {
-          float* po = p.part_o + qr.part(br) * kVDim;
+          float* po = p.part_o + blk.qr.part(br) * kVDim;
 #pragma unroll
           for (int i = 0; i < 8; ++i) po[F::o_dim(oc, w, g, i)] = ov[i];
         }

@@ -175,16 +175,9 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
 
   const int tid = threadIdx.x, w = tid / 32, lane = tid % 32;
   const int g = lane >> 2, t = lane & 3;
-  const BlockCoord bc = block_coord<Shape>(p);
-  const int split = bc.split;
-  allow_dependent_launch();
-  const int splits = Shape::splits(p);
-  const Sequence seq = Shape::sequence(p, bc.b);
-  const QueryRows qr = query_rows<Shape>(p, bc, seq);  // the 16 columns of S^T and O^T
-  const float q_given = given_q_scale<T::kQ>(p);  // early: its round trip overlaps the q loads
-  const SplitRange range = split_range(seq.len, split, splits, BN);
-  const int ntiles = range.ntiles, tok_begin = range.tok_begin, tok_end = range.tok_end;
-  const KvRows<Shape::kPage> rows = KvRows<Shape::kPage>::of(p, seq);
+  const BlockSetup<Shape> blk = block_setup<T, Shape, BN>(p);  // the prologue every body shares (formats.cuh)
+  const int split = blk.bc.split, splits = blk.splits,
+            ntiles = blk.range.ntiles, tok_begin = blk.range.tok_begin, tok_end = blk.range.tok_end;
   bool page_bad = false;  // a page id outside the cache (kv_rows.cuh)
   const float kv_scale = kv_scale_of(p);
   uint64_t* const trace = MLAGEN_WG_TRACE ? reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(p.errors) + kTraceOffset) +
@@ -215,7 +208,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   const int64_t stride = p.kv_stride_bytes;
   // paged fp8: the page ids of tile j in shared memory (L::Ids), staged with tile j - kIdsAhead's
   // copies; the first kIdsAhead tiles' before the ring starts, beside the q loads (below)
-  const bool paged_ids = !kMx && rows.paged();
+  const bool paged_ids = !kMx && blk.rows.paged();
   const typename L::Ids ids{s_base + L::kIdsOffset};
   const uint32_t src_main = static_cast<uint32_t>(row_main * stride) + c8 * 16;  // < 2^31: rows < 64
   const uint32_t src_rope = static_cast<uint32_t>(row_rope * stride) + 512 + c4 * 16;
@@ -237,8 +230,8 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
       const int tok0 = tok_begin + j * BN;
       const int rows_left = tok_end - tok0;
       const uint32_t off = L::kStageBytes + (j % ST) * L::kPackedStageBytes;
-      const bool run = rows.template tile_contiguous<BN>();
-      const int64_t row0 = rows.row(tok0, page_bad);
+      const bool run = blk.rows.template tile_contiguous<BN>();
+      const int64_t row0 = blk.rows.row(tok0, page_bad);
       constexpr int kChunks = kMxRowBytes / 16, kCopies = BN * kChunks / L::kThreads;  // 18 a row, 9 a thread
       if (rows_left >= BN && stride == kMxRowBytes && run) {  // whole tile, rows back to back (the usual layout)
         const uint8_t* base = p.kv + row0 * stride;
@@ -250,14 +243,14 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
         for (int i = 0; i < kCopies; ++i) {
           const int idx = tid + i * L::kThreads, row = idx / kChunks, col = idx % kChunks;
           const bool ok = row < rows_left;
-          cp_async_16(s_base + off + row * L::kMxPitch + col * 16, ok ? rows.ptr(tok0 + row, page_bad) + col * 16 : p.kv, ok);
+          cp_async_16(s_base + off + row * L::kMxPitch + col * 16, ok ? blk.rows.ptr(tok0 + row, page_bad) + col * 16 : p.kv, ok);
         }
       }
       if (run)
         mx_issue_scale_window<BN, L::kThreads>(p.kv_scales, p.kv_scales_stride, p.total_kv, row0, min(BN, rows_left),
                                                s_base + off + L::kPackedBytes, smem + off + L::kPackedBytes, tid);
       else
-        mx_issue_scale_rows<BN, L::kThreads>(p.kv_scales, p.kv_scales_stride, rows, tok0, min(BN, rows_left),
+        mx_issue_scale_rows<BN, L::kThreads>(p.kv_scales, p.kv_scales_stride, blk.rows, tok0, min(BN, rows_left),
                                              smem + off + L::kPackedBytes, tid, page_bad);
     } else if (!kMx && j < ntiles) {
       const int tok0 = tok_begin + j * BN;
@@ -265,19 +258,19 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
       const uint32_t dst = s_base + (j % ST) * L::kStageBytes;
       // (tile j + kIdsAhead's ids: a slot no thread reads before the next barrier)
       if (paged_ids && j + L::kIdsAhead < ntiles)
-        ids.template stage<L::kThreads>(rows, j + L::kIdsAhead, tok0 + L::kIdsAhead * BN, tok_end, tid);
-      if (paged_ids && !(rows_left >= BN && rows.template tile_contiguous<BN>())) {
+        ids.template stage<L::kThreads>(blk.rows, j + L::kIdsAhead, tok0 + L::kIdsAhead * BN, tok_end, tid);
+      if (paged_ids && !(rows_left >= BN && blk.rows.template tile_contiguous<BN>())) {
         // pages shorter than a tile (or a short last tile): the thread's row addresses from the ids
         const uint8_t* src[kMainK + kRopeK];
 #pragma unroll
         for (int k = 0; k < kMainK + kRopeK; ++k) {
           const int row = k < kMainK ? 16 * k + row_main : 32 * (k - kMainK) + row_rope;
-          const int64_t r = ids.row(rows, j, tok0, row, page_bad);
+          const int64_t r = ids.row(blk.rows, j, tok0, row, page_bad);
           src[k] = row < rows_left ? p.kv + r * stride : nullptr;
         }
         copy_rows(dst, src);
       } else if (rows_left >= BN) {  // one run of rows: one base a tile
-        const uint8_t* base = paged_ids ? p.kv + ids.row(rows, j, tok0, 0, page_bad) * stride : rows.ptr(tok0, page_bad);
+        const uint8_t* base = paged_ids ? p.kv + ids.row(blk.rows, j, tok0, 0, page_bad) * stride : blk.rows.ptr(tok0, page_bad);
 #pragma unroll
         for (int k = 0; k < kMainK; ++k) {  // rows 16 k + row_main
           const uint8_t* src = base + (src_main + k * step16);
@@ -294,7 +287,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
 #pragma unroll
         for (int k = 0; k < kMainK + kRopeK; ++k) {
           const int row = k < kMainK ? 16 * k + row_main : 32 * (k - kMainK) + row_rope;
-          src[k] = row < rows_left ? rows.ptr(tok0 + row, page_bad) : nullptr;
+          src[k] = row < rows_left ? blk.rows.ptr(tok0 + row, page_bad) : nullptr;
         }
         copy_rows(dst, src);
       }
@@ -312,17 +305,17 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   uint2 q_raw[18];
   auto load_q = [&] {
 #pragma unroll
-    for (int i = 0; i < 18; ++i) q_raw[i] = load_q4_raw<T::kQ>(p, qr.token(h), qr.head(h), dim_of(i));
+    for (int i = 0; i < 18; ++i) q_raw[i] = load_q4_raw<T::kQ>(p, blk.qr.token(h), blk.qr.head(h), dim_of(i));
   };
   if (paged_ids) {  // the first tiles' ids and q in one round trip; then the copies
-    ids.template stage_first<L::kIdsAhead, L::kThreads>(rows, tok_begin, tok_end, tid, load_q);
+    ids.template stage_first<L::kIdsAhead, L::kThreads>(blk.rows, tok_begin, tok_end, tid, load_q);
     __syncthreads();
   }
 #pragma unroll
   for (int j = 0; j < ST - 1; ++j) issue_tile(j);
   mark(1);
   if (!paged_ids) load_q();
-  const QQuant qq = q_setup<T::kQ>(p, q_given);
+  const QQuant qq = q_setup<T::kQ>(p, blk.q_given);
   {
     const float inv_c = stage_q_row<T::kQ, true>(qq, q_raw, [&](int i, uint32_t hi, uint32_t lo) {
       const int d = dim_of(i);
@@ -350,7 +343,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   for (int k = 0; k < 4; ++k) {
     head[k] = wg_column(k, t);
     cs_hi[k] = col_scale[head[k]] * s_scale;
-    key_end[k] = min(tok_end, qr.key_end(head[k]));  // causal: the row's last key + 1
+    key_end[k] = min(tok_end, blk.qr.key_end(head[k]));  // causal: the row's last key + 1
   }
 
   float o[8][16];  // O^T of m64 block mb (see the epilogue for its dims); columns hi | lo
@@ -407,7 +400,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
     const int tok0 = tok_begin + it * BN, valid = tok_end - tok0, n = tid % BN;
     const uint32_t stage = s_base + L::kStageBytes + (it % ST) * L::kPackedStageBytes;
     bool unused = false;  // (the loads flagged it)
-    const uint32_t sc = stage + L::kPackedBytes + mx_scale_offset<BN>(rows, tok0, p.kv_scales_stride, unused) +
+    const uint32_t sc = stage + L::kPackedBytes + mx_scale_offset<BN>(blk.rows, tok0, p.kv_scales_stride, unused) +
                         static_cast<uint32_t>(n * p.kv_scales_stride);
     const bool live = n < valid;  // rows past the end: zeros (cp.async filled them), any finite scale
     uint32_t sb[kMxBlocks], emax = 0u;
@@ -556,7 +549,7 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   }
   cp_async_wait<0>();
   mark(6);
-  const bool bad = rows.block_any_bad(p, page_bad) || seq.bad;
+  const bool bad = blk.rows.block_any_bad(p, page_bad) || blk.seq.bad;
 
   // ---- epilogue: l over the 8 row lanes and the 4 warps -------------------------------------
   wg_column_sum(l, head, red_sum, w, g);
@@ -567,9 +560,9 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     const int jh = k / 2, e = k % 2;
-    const bool owns = qr.owns(head[k]);  // else a padding row: nothing is written
-    const int64_t tok = qr.token(head[k]);
-    const int hh = qr.head(head[k]);
+    const bool owns = blk.qr.owns(head[k]);  // else a padding row: nothing is written
+    const int64_t tok = blk.qr.token(head[k]);
+    const int hh = blk.qr.head(head[k]);
     const float inv = splits == 1 ? out_scale(l[k], kv_scale, bad) * o_unit : o_unit;
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
@@ -584,12 +577,12 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
         uint16_t* out = p.out + tok * p.out_stride_token + hh * p.out_stride_head + dim0;
         if (owns) *reinterpret_cast<uint2*>(out) = make_uint2(pack_bf16x2(ov[0], ov[1]), pack_bf16x2(ov[2], ov[3]));
       } else {
-        float* po = p.part_o + qr.part(head[k]) * kVDim + dim0;
+        float* po = p.part_o + blk.qr.part(head[k]) * kVDim + dim0;
         *reinterpret_cast<float4*>(po) = make_float4(ov[0], ov[1], ov[2], ov[3]);
       }
     }
     if (w == 0 && g == 0) {
-      if (splits > 1) p.part_ml[qr.part(head[k])] = split_state(m[k], l[k], bad);
+      if (splits > 1) p.part_ml[blk.qr.part(head[k])] = split_state(m[k], l[k], bad);
       else if (owns) store_lse(p, tok, hh, m[k], l[k], bad);
     }
   }

@@ -68,15 +68,9 @@ MLAGEN_DEVICE void decode_wgmma_bf16(const Params& p, uint8_t* smem) {
 
   const int tid = threadIdx.x, w = tid / 32, lane = tid % 32;
   const int g = lane >> 2, t = lane & 3;
-  const BlockCoord bc = block_coord<Shape>(p);
-  allow_dependent_launch();
-  const int splits = Shape::splits(p);
-  const Sequence seq = Shape::sequence(p, bc.b);
-  const QueryRows qr = query_rows<Shape>(p, bc, seq);  // the 16 columns of S^T and O^T
-  const float q_given = given_q_scale<T::kQ>(p);
-  const SplitRange range = split_range(seq.len, bc.split, splits, BN);
-  const int ntiles = range.ntiles, tok_begin = range.tok_begin, tok_end = range.tok_end;
-  const KvRows<Shape::kPage> rows = KvRows<Shape::kPage>::of(p, seq);
+  const BlockSetup<Shape> blk = block_setup<T, Shape, BN>(p);  // the prologue every body shares (formats.cuh)
+  const int splits = blk.splits, ntiles = blk.range.ntiles,
+            tok_begin = blk.range.tok_begin, tok_end = blk.range.tok_end;
   bool page_bad = false;
 
   // ---- tile copies: tile j into slot j % ST, one commit group a tile (empty past the end) ----
@@ -89,15 +83,15 @@ MLAGEN_DEVICE void decode_wgmma_bf16(const Params& p, uint8_t* smem) {
   const int64_t stride = p.kv_stride_bytes;
   const uint32_t src_row = static_cast<uint32_t>(row_main * stride) + c8 * 16;  // rows < 64
   const uint32_t step16 = static_cast<uint32_t>(16 * stride);
-  const bool paged_ids = rows.paged();
+  const bool paged_ids = blk.rows.paged();
   TileIds<BN> next_ids{};  // paged: the next tile's page ids, one row a lane, a tile ahead
   // Tile j's copies from `ids` (paged: its page ids).
   auto issue_tile_from = [&](int j, const TileIds<BN>& ids) {
     if (j < ntiles) {
       const int tok0 = tok_begin + j * BN, rows_left = tok_end - tok0;
       const uint32_t dst = s_base + (j % ST) * L::kStageBytes + dst_row;
-      if (rows_left >= BN && rows.template tile_contiguous<BN>()) {  // one run of rows: one base a tile
-        const uint8_t* base = paged_ids ? p.kv + ids.row(rows, tok0, 0, page_bad) * stride : rows.ptr(tok0, page_bad);
+      if (rows_left >= BN && blk.rows.template tile_contiguous<BN>()) {  // one run of rows: one base a tile
+        const uint8_t* base = paged_ids ? p.kv + ids.row(blk.rows, tok0, 0, page_bad) * stride : blk.rows.ptr(tok0, page_bad);
 #pragma unroll
         for (int k = 0; k < kRowBlocks; ++k) {
           const uint8_t* src = base + (src_row + k * step16);
@@ -109,8 +103,8 @@ MLAGEN_DEVICE void decode_wgmma_bf16(const Params& p, uint8_t* smem) {
 #pragma unroll
         for (int k = 0; k < kRowBlocks; ++k) {
           const int row = 16 * k + row_main;
-          const uint8_t* r = paged_ids ? p.kv + ids.row(rows, tok0, row, page_bad) * stride  // (every lane: a shuffle)
-                                       : rows.ptr(tok0 + row, page_bad);  // (contiguous: arithmetic only)
+          const uint8_t* r = paged_ids ? p.kv + ids.row(blk.rows, tok0, row, page_bad) * stride  // (every lane: a shuffle)
+                                       : blk.rows.ptr(tok0 + row, page_bad);  // (contiguous: arithmetic only)
           src[k] = row < rows_left ? r + c8 * 16 : nullptr;
         }
 #pragma unroll
@@ -125,7 +119,7 @@ MLAGEN_DEVICE void decode_wgmma_bf16(const Params& p, uint8_t* smem) {
   // The loop's refill: tile j from the ids loaded a tile ago, the next tile's loaded now.
   auto issue_tile = [&](int j) {
     const TileIds<BN> ids = next_ids;
-    if (paged_ids && j + 1 < ntiles) next_ids.load(rows, tok_begin + (j + 1) * BN, tok_end, lane);
+    if (paged_ids && j + 1 < ntiles) next_ids.load(blk.rows, tok_begin + (j + 1) * BN, tok_end, lane);
     issue_tile_from(j, ids);
   };
   // ---- Q as bf16, once: thread -> row h = tid / 8, dims 64 c + 8 part .. + 7 (c = 0..8) ------
@@ -136,18 +130,18 @@ MLAGEN_DEVICE void decode_wgmma_bf16(const Params& p, uint8_t* smem) {
   uint2 q_raw[18];
   auto load_q = [&] {
 #pragma unroll
-    for (int i = 0; i < 18; ++i) q_raw[i] = load_q4_raw<T::kQ>(p, qr.token(qh), qr.head(qh), dim_of(i));
+    for (int i = 0; i < 18; ++i) q_raw[i] = load_q4_raw<T::kQ>(p, blk.qr.token(qh), blk.qr.head(qh), dim_of(i));
   };
   // A slot is refilled as soon as the O wgmmas of its tile are done (the end of the loop body):
   // ST tiles fly while the block waits for one.
   if (paged_ids) {
     TileIds<BN> first[ST];
 #pragma unroll
-    for (int j = 0; j < ST; ++j) first[j].load(rows, tok_begin + j * BN, tok_end, lane);
+    for (int j = 0; j < ST; ++j) first[j].load(blk.rows, tok_begin + j * BN, tok_end, lane);
     load_q();
 #pragma unroll
     for (int j = 0; j < ST; ++j) issue_tile_from(j, first[j]);
-    if (ST < ntiles) next_ids.load(rows, tok_begin + ST * BN, tok_end, lane);
+    if (ST < ntiles) next_ids.load(blk.rows, tok_begin + ST * BN, tok_end, lane);
   } else {
 #pragma unroll
     for (int j = 0; j < ST; ++j) issue_tile_from(j, next_ids);
@@ -155,7 +149,7 @@ MLAGEN_DEVICE void decode_wgmma_bf16(const Params& p, uint8_t* smem) {
   }
 
   const QQuant qq = [&] {
-    const QQuant quant = q_setup<T::kQ>(p, q_given);  // (after the q loads: see decode_wgmma)
+    const QQuant quant = q_setup<T::kQ>(p, blk.q_given);  // (after the q loads: see decode_wgmma)
 #pragma unroll
     for (int i = 0; i < 18; ++i) {
       const float4 v = q4_from_raw<T::kQ>(quant, q_raw[i]);  // exact in bf16 for every q format
@@ -174,7 +168,7 @@ MLAGEN_DEVICE void decode_wgmma_bf16(const Params& p, uint8_t* smem) {
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     head[k] = wg_column(k, t);
-    key_end[k] = min(tok_end, qr.key_end(head[k]));  // causal: the row's last key + 1
+    key_end[k] = min(tok_end, blk.qr.key_end(head[k]));  // causal: the row's last key + 1
   }
   float o[L::kVAtoms][8];  // O^T m64 block mb: o[mb][4 jh + 2 r + e] = dim 64 mb + 16 w + g + 8 r, row 8 jh + 2 t + e
 #pragma unroll
@@ -267,7 +261,7 @@ MLAGEN_DEVICE void decode_wgmma_bf16(const Params& p, uint8_t* smem) {
     issue_tile(it + ST);
   }
   cp_async_wait<0>();
-  const bool bad = rows.block_any_bad(p, page_bad) || seq.bad;
+  const bool bad = blk.rows.block_any_bad(p, page_bad) || blk.seq.bad;
 
   // ---- epilogue: l over the 8 row lanes and the 4 warps, O through shared memory -------------
   // (the sum's barrier also puts every thread past the loop: the ring is free for the O staging)
@@ -282,8 +276,8 @@ MLAGEN_DEVICE void decode_wgmma_bf16(const Params& p, uint8_t* smem) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) ostage[head[k] * L::kOPitch + 64 * mb + 16 * w + g + 8 * r] = o[mb][4 * jh + 2 * r + e] * inv;
     if (w == 0 && g == 0) {
-      if (splits > 1) p.part_ml[qr.part(head[k])] = split_state(m[k], l[k], bad);
-      else if (qr.owns(head[k])) store_lse(p, qr.token(head[k]), qr.head(head[k]), m[k], l[k], bad);
+      if (splits > 1) p.part_ml[blk.qr.part(head[k])] = split_state(m[k], l[k], bad);
+      else if (blk.qr.owns(head[k])) store_lse(p, blk.qr.token(head[k]), blk.qr.head(head[k]), m[k], l[k], bad);
     }
   }
   __syncthreads();
@@ -291,8 +285,8 @@ MLAGEN_DEVICE void decode_wgmma_bf16(const Params& p, uint8_t* smem) {
   const int h = tid / 8, part = tid % 8;
   const float* src = ostage + h * L::kOPitch;
   if (splits == 1) {
-    if (qr.owns(h)) {
-      uint16_t* out = p.out + qr.token(h) * p.out_stride_token + qr.head(h) * p.out_stride_head;
+    if (blk.qr.owns(h)) {
+      uint16_t* out = p.out + blk.qr.token(h) * p.out_stride_token + blk.qr.head(h) * p.out_stride_head;
 #pragma unroll
       for (int j = 0; j < kVDim / 64; ++j) {
         const int d = 8 * (part + 8 * j);
@@ -302,7 +296,7 @@ MLAGEN_DEVICE void decode_wgmma_bf16(const Params& p, uint8_t* smem) {
       }
     }
   } else {
-    float* po = p.part_o + qr.part(h) * kVDim;
+    float* po = p.part_o + blk.qr.part(h) * kVDim;
 #pragma unroll
     for (int j = 0; j < kVDim / 32; ++j) {
       const int d = 4 * (part + 8 * j);
