@@ -10,10 +10,8 @@ events around one Python call, median) next to the device time of each kernel
             per block: the per-block fixed cost and the per-tile latency of a lone block;
   scaling   batch 256, one split, kv_len 512 .. 8192: the slope (steady-state bandwidth)
             and the intercept (fixed cost of a full grid);
-  trace     with a library built with -DMLAGEN_WG_TRACE=1 (warpgroup kernel only): when each
-            block reached each point of its run (%globaltimer, from the first block's start):
-            0 entry, 1 first tiles issued, 2 q ready, 3 tile 0 landed, 4 its S done, 5 its O
-            done, 6 last tile done, 7 results stored; median and max over the blocks.
+  (the %globaltimer trace points inside the warpgroup kernel, a build switch in a product
+  header, live on the branch experiments/wg-trace; what they found is docs/perf.md's v4)
 
 `python bench/breakdown.py [--parts floor,shapes,tiles,scaling] [--kernel NAME] [--out FILE]`
 """
@@ -112,38 +110,6 @@ def main(argv=None) -> int:
         res["tiles"] += [measure(4, 1024, kernel=generic, splits=s) for s in (1, 2, 4, 8)]
     if "scaling" in parts:
         res["scaling"] = [measure(256, l, kernel=generic, splits=1) for l in (512, 1024, 2048, 4096, 8192)]
-    if "trace" in parts:
-        offset, points = 32 << 20, 8
-        res["library"] = mlagen._lib.library_path()
-        res["trace"] = []
-        for b, l, s in ((4, 1024, 16), (4, 8192, 16), (32, 1024, 4), (256, 512, 1), (256, 1024, 1), (32, 8192, 8)):
-            x = C.make_inputs(b, l, 5, dev, keep_bf16=False)
-            fn = call(x, kernel=generic, splits=s)
-            fn()  # makes the plan; then its scratch on this launch target grows to hold the trace
-            plan = mlagen._last_plan
-            where = mlagen._launch.handle(plan.device_index)
-            ws = torch.zeros(offset + (8 << 20), dtype=torch.uint8, device=dev)
-            plan.bound[where] = ws  # this launch target's scratch, big enough for the trace
-            nblk = b * s
-            region = ws[offset: offset + nblk * points * 8]
-            runs = []
-            for _ in range(5):
-                region.fill_(0)
-                torch.cuda.synchronize()
-                timer.flush.zero_()
-                fn()
-                torch.cuda.synchronize()
-                tr = region.view(torch.int64).reshape(nblk, points).cpu().double()
-                assert (tr > 0).all(), "trace points missing: is the library built with -DMLAGEN_WG_TRACE=1?"
-                runs.append((tr - tr[:, 0].min()) / 1e3)
-            tr = torch.stack(runs).median(dim=0).values
-            row = dict(shape=f"{b}x{l}", splits=s, blocks=nblk,
-                       median_us=[round(v, 2) for v in tr.median(dim=0).values.tolist()],
-                       max_us=[round(v, 2) for v in tr.max(dim=0).values.tolist()],
-                       min_us=[round(v, 2) for v in tr.min(dim=0).values.tolist()])
-            print(json.dumps(row), flush=True)
-            res["trace"].append(row)
-            del x
     if a.out:
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)

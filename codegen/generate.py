@@ -13,7 +13,7 @@ import os
 import jinja2
 
 from . import facts
-from .spec import ARCHS, ROWS_BODY_MIN_WORK, SPLIT_MAX, SPLIT_MIN_TOKENS, SPLIT_PARTIAL_COST, KernelSpec
+from .spec import ARCHS, BODIES, ROWS_BODY_MIN_WORK, SPLIT_MAX, SPLIT_MIN_TOKENS, SPLIT_PARTIAL_COST, KernelSpec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEMPLATES = os.path.join(ROOT, "templates")
@@ -68,6 +68,8 @@ def tiling_expr(s: KernelSpec) -> str:
     if s.rows_body:
         fmt = "" if s.kv_dtype.startswith("fp8") else f", {kv}"  # (the fp8 policy is the default)
         return f"mlagen::device::RowsTiling</*stages=*/{s.stages}, {q}, /*rows=*/{s.block_m}{fmt}>"
+    if s.vendor == "nvidia":  # the 16-row bodies share a tiling type: the body is its first argument
+        return f"mlagen::device::Tiling<{BODIES[s.body]}, /*block_n=*/{s.block_n}, /*stages=*/{s.stages}, {kv}, {q}>"
     return f"mlagen::device::Tiling</*block_n=*/{s.block_n}, /*stages=*/{s.stages}, {kv}, {q}>"
 
 
@@ -81,7 +83,7 @@ def render(specs: list[KernelSpec]) -> dict[str, str]:
     kernel_t = env.get_template("kernel.hip.j2")
     for s in specs:
         out[s.filename] = kernel_t.render(spec=s, banner=banner, arch_guard=KERNEL_GUARD[s.arch],
-                                          tiling=tiling_expr(s), q8=s.name + "_q8" in s.entry_points,
+                                          tiling=tiling_expr(s), body=BODIES[s.body] if s.vendor == "nvidia" or s.native_fp8 else None, q8=s.name + "_q8" in s.entry_points,
                                           combine=s.name + "_combine" in s.entry_points,
                                           spec_json=json.dumps(s.as_dict(), sort_keys=True))
     out["registry.inc"] = env.get_template("registry.inc.j2").render(

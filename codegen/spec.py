@@ -85,6 +85,18 @@ DEFAULTS = dict(num_heads=16, q_len=1, qk_dim=QK_DIM, v_dim=V_DIM, block_n=32, s
 # optional tags, in name order: tag -> field
 OPTIONAL_TAGS = (("h", "num_heads"), ("ql", "q_len"), ("dk", "qk_dim"), ("dv", "v_dim"),
                  ("bn", "block_n"), ("st", "stages"), ("bm", "block_m"), ("pg", "page_size"))
+# KernelSpec.body -> the device code's name for it (runtime/include/mlagen/device/mla_common.cuh
+# enum Body), which the generated file passes in the kernel's tiling type.
+BODIES = {
+    "mma_fp8": "Body::kMmaFp8",                 # 16 rows, mma.sync, fp8 KV (mla_decode.cuh decode_fp8)
+    "mma_wide": "Body::kMmaWide",               # 16 rows, mma.sync on bf16 tiles: bf16, mxfp4 KV (decode_wide)
+    "sm90_wgmma": "Body::kSm90Wgmma",           # 16 rows, one warpgroup: fp8, mxfp4 KV
+    "sm90_wgmma_bf16": "Body::kSm90WgmmaBf16",  # 16 rows, one warpgroup: bf16 KV
+    "sm90_rows": "Body::kSm90Rows",             # 32 / 64 rows, three warpgroups: fp8, bf16 KV (a RowsKv policy)
+    "gfx9_fp8": "Body::kGfx9Fp8",
+    "gfx9_wide": "Body::kGfx9Wide",
+    "gfx950_fp8": "Body::kGfx950Fp8",           # the native fp8 datapath
+}
 ROWS_A_BLOCK = 16  # query rows a row group (shapes.cuh QueryRows::kRows): the block of every body but the rows one
 # block_m 32 / 64: the sm90a rows body (runtime/include/mlagen/device/mla_decode_sm90_rows.cuh),
 # three warpgroups (S, and O by halves) over 32 or 64 query rows, fp8 or bf16 KV in tiles of 64
@@ -229,10 +241,11 @@ class KernelSpec:
 
     @property
     def body(self) -> str:
-        """Which device-code body the kernel runs."""
+        """Which device-code body the kernel runs (BODIES: the name the generated file passes to
+        the device code, which never infers a body from the tiles)."""
         if self.vendor == "nvidia":
             if self.rows_body:  # one body, the KV format a policy of it (RowsKv)
-                return "sm90_rows_bf16" if self.kv_dtype == "bf16" else "sm90_rows"
+                return "sm90_rows"
             if self.warpgroup:
                 return "sm90_wgmma_bf16" if self.kv_dtype == "bf16" else "sm90_wgmma"
             return "mma_wide" if self.kv_dtype in ("bf16", "mxfp4") else "mma_fp8"

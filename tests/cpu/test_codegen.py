@@ -244,7 +244,7 @@ def test_rows_body_specs_round_trip_and_validate():
 
 def test_bf16_kv_takes_the_rows_body_as_a_format_policy():
     """bf16 KV runs the same rows body as fp8 with the bf16 format policy (RowsKv<kBf16>): body
-    sm90_rows_bf16, tiling RowsTiling<..., KvFormat::kBf16> (fp8's tiling keeps its three
+    sm90_rows (one body, the format a policy of it), tiling RowsTiling<..., KvFormat::kBf16> (fp8's tiling keeps its three
     arguments); 72 KB stages leave room for 2 only (both block_m, either q); the catalog builds the
     128 / 64 / 32-head kernels of 64x8192 with it (64, 64, 32 rows a block) and four generic ones."""
     from codegen import spec as spec_mod
@@ -252,7 +252,7 @@ def test_bf16_kv_takes_the_rows_body_as_a_format_policy():
     from codegen.generate import tiling_expr
     s = KernelSpec("sm90a", 64, 8192, 1, "bf16", "bf16", num_heads=128, block_n=64, stages=2, block_m=64)
     assert s.name == "mla_decode_sm90a_b64_kv8192_s1_qbf16_kvbf16_h128_bn64_st2_bm64" and KernelSpec.parse(s.name) == s
-    assert s.body == "sm90_rows_bf16" and s.rows_body and s.target_blocks == 132
+    assert s.body == "sm90_rows" and s.rows_body and s.target_blocks == 132
     assert tiling_expr(s) == "mlagen::device::RowsTiling</*stages=*/2, QFormat::kBf16, /*rows=*/64, KvFormat::kBf16>"
     f8 = KernelSpec("sm90a", 64, 8192, 1, "bf16", "fp8e4m3fn", num_heads=128, block_n=64, stages=3, block_m=64)
     assert f8.body == "sm90_rows" and tiling_expr(f8).endswith("/*rows=*/64>")
@@ -268,6 +268,28 @@ def test_bf16_kv_takes_the_rows_body_as_a_format_policy():
     for (heads, batch, kv_len), block_m in (((128, 64, 8192), 64), ((64, 64, 8192), 64), ((32, 64, 8192), 32),
                                             ((128, 128, 4096), 64), ((128, 2, 1000), 64)):
         k = got[(heads, batch, kv_len)]
-        assert (k.block_m, k.stages, k.q_dtype, k.body) == (block_m, 2, "bf16", "sm90_rows_bf16"), k.name
+        assert (k.block_m, k.stages, k.q_dtype, k.body) == (block_m, 2, "bf16", "sm90_rows"), k.name
     generic = sorted((k.q_dtype, k.block_m) for k in cat if k.role == 3 and k.kv_dtype == "bf16")
     assert generic == [("bf16", 32), ("bf16", 64), ("fp8", 32), ("fp8", 64)], generic
+
+
+def test_every_generated_kernel_names_its_body():
+    """The generator names each kernel's body (KernelSpec.body, BODIES) in its tiling type, and the
+    generated file asserts the tiling's kBody against it: the device code never infers a body from
+    the tiles. Every NVIDIA kernel and gfx950's native fp8 kernels; the 16-row NVIDIA tilings take
+    the body as their first argument; every body of BODIES' NVIDIA half has a kernel."""
+    from codegen.catalog import build_catalog
+    from codegen.generate import render, tiling_expr
+    from codegen.spec import BODIES
+    cat = build_catalog()
+    files = render(cat)
+    seen = set()
+    for k in cat:
+        if k.vendor != "nvidia" and not k.native_fp8:
+            continue
+        text = files[k.filename]
+        assert f"static_assert(KernelTiling::kBody == {BODIES[k.body]}," in text, k.name
+        if k.vendor == "nvidia" and not k.rows_body:
+            assert tiling_expr(k).startswith(f"mlagen::device::Tiling<{BODIES[k.body]}, "), k.name
+        seen.add(k.body)
+    assert {"mma_fp8", "mma_wide", "sm90_wgmma", "sm90_wgmma_bf16", "sm90_rows", "gfx950_fp8"} <= seen, seen

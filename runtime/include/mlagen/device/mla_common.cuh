@@ -5,6 +5,7 @@
 #pragma once
 #include "mlagen/platform.h"
 #include "mlagen/device/shapes.cuh"
+#include <type_traits>
 
 #if defined(MLAGEN_NVIDIA)
 #include "mlagen/device/sm90_ops.cuh"
@@ -21,6 +22,20 @@ using namespace gfx9;
 #endif
 
 constexpr float kLog2e = 1.4426950408889634f;
+
+// The decode bodies. The generator names the one a kernel runs (codegen/spec.py KernelSpec.body,
+// BODIES) in the kernel's tiling type; the device code dispatches on that name and never infers a
+// body from the tiles. A tiling states the formats and tiles its body takes (static_asserts).
+enum class Body : int {
+  kMmaFp8,         // mla_decode.cuh decode_fp8: 16 rows a block, mma.sync, fp8 KV expanded in registers
+  kMmaWide,        // mla_decode.cuh decode_wide: 16 rows, mma.sync on bf16 tiles (bf16 KV; mxfp4 expanded in smem)
+  kSm90Wgmma,      // mla_decode_sm90_wgmma.cuh: 16 rows, one warpgroup, fp8 or mxfp4 KV in tiles of 64
+  kSm90WgmmaBf16,  // mla_decode_sm90_wgmma_bf16.cuh: 16 rows, one warpgroup, bf16 KV in tiles of 64
+  kSm90Rows,       // mla_decode_sm90_rows.cuh: 32 or 64 rows, three warpgroups, the KV format a policy (RowsKv)
+  kGfx9Fp8,        // mla_decode_gfx9.cuh, fp8 KV
+  kGfx9Wide,       // mla_decode_gfx9.cuh, bf16 or mxfp4 KV
+  kGfx950Fp8,      // mla_decode_gfx950_fp8.cuh: the native fp8 datapath, merges its own splits
+};
 
 // Geometry every vendor kernel shares: a KV tile of kBlockN token rows in shared memory,
 // the 576 QK dims split over kWarps warps (wavefronts on AMD), the 512 V dims likewise.
@@ -145,6 +160,79 @@ MLAGEN_DEVICE void store_lse(const Params& p, int64_t q_row, int head, float m, 
 
 // What a split leaves for the combine: (running max, running sum); NaN sum when flagged.
 MLAGEN_DEVICE float2 split_state(float m, float l, bool bad) { return make_float2(m, bad ? quiet_nan() : l); }
+
+// ---- the epilogue every body ends with ----------------------------------------------------
+// A block that holds its sequence whole (one split) writes each query row's output, normalized,
+// in bf16, and its LSE; a split block writes the row's unnormalized partial O and its (m, l) for
+// the merge (a padding row's partial too: harmless, the merge skips the row). A body hands its
+// epilogue to write_rows, which runs it with the RowWriter of the block's case, chosen once (the
+// body's store loop is compiled for each case, no branch inside it): the body multiplies what it
+// accumulated by scale(), takes a row's destination once (row()), hands it each run of N
+// consecutive dims (put(): one store of N values), and one lane a row hands the row's state to
+// state().
+template <bool kWhole>
+struct RowDst {
+  using Elem = std::conditional_t<kWhole, uint16_t, float>;  // bf16 output / float partial
+  Elem* at;   // the row's dim 0
+  bool live;  // a row the block owns (a padding row's output is not written)
+  template <int N>
+  MLAGEN_DEVICE void put(int dim, const float (&v)[N]) const {
+    static_assert(N == 1 || N == 2 || N == 4 || N == 8, "a run of 1, 2, 4 or 8 dims: one store");
+    if constexpr (kWhole) {
+      if (!live) return;
+      if constexpr (N == 1) {
+        at[dim] = static_cast<uint16_t>(pack_bf16x2(v[0], 0.f));
+      } else if constexpr (N == 2) {
+        *reinterpret_cast<uint32_t*>(at + dim) = pack_bf16x2(v[0], v[1]);
+      } else if constexpr (N == 4) {
+        uint2 w;
+        w.x = pack_bf16x2(v[0], v[1]);
+        w.y = pack_bf16x2(v[2], v[3]);
+        *reinterpret_cast<uint2*>(at + dim) = w;
+      } else {
+        uint4 w;
+        w.x = pack_bf16x2(v[0], v[1]);
+        w.y = pack_bf16x2(v[2], v[3]);
+        w.z = pack_bf16x2(v[4], v[5]);
+        w.w = pack_bf16x2(v[6], v[7]);
+        *reinterpret_cast<uint4*>(at + dim) = w;
+      }
+    } else if constexpr (N == 1) {
+      at[dim] = v[0];
+    } else if constexpr (N == 2) {
+      *reinterpret_cast<float2*>(at + dim) = make_float2(v[0], v[1]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < N; i += 4) *reinterpret_cast<float4*>(at + dim + i) = make_float4(v[i], v[i + 1], v[i + 2], v[i + 3]);
+    }
+  }
+};
+template <bool kWhole>
+struct RowWriter {
+  const Params& p;
+  const QueryRows& qr;
+  MLAGEN_DEVICE float scale(float l, float o_scale, bool bad) const { return kWhole ? out_scale(l, o_scale, bad) : 1.f; }
+  MLAGEN_DEVICE RowDst<kWhole> row(int j) const {
+    if constexpr (kWhole)
+      return {p.out + qr.token(j) * p.out_stride_token + qr.head(j) * p.out_stride_head, qr.owns(j)};
+    else
+      return {p.part_o + qr.part(j) * kVDim, true};
+  }
+  MLAGEN_DEVICE void state(int j, float m, float l, bool bad) const {
+    if constexpr (kWhole) {
+      if (qr.owns(j)) store_lse(p, qr.token(j), qr.head(j), m, l, bad);
+    } else {
+      p.part_ml[qr.part(j)] = split_state(m, l, bad);
+    }
+  }
+};
+template <class F>
+MLAGEN_DEVICE void write_rows(const Params& p, const QueryRows& qr, int splits, F&& epilogue) {
+  if (splits == 1)
+    epilogue(RowWriter<true>{p, qr});
+  else
+    epilogue(RowWriter<false>{p, qr});
+}
 
 // The online merge of split states (m_s, l_s): weights w_s = 2^(m_s - max m); a split flagged
 // bad (NaN sum) makes the row NaN. add() returns false for an empty split (weight 0), else the

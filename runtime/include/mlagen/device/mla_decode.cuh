@@ -30,20 +30,27 @@
 #include "facts.inc"  // generated (codegen/facts.py): MLAGEN_MAX_SPLITS, the in-launch merge's staging bound
 namespace mlagen::device {
 
-template <int kBlockN_, int kStages_, KvFormat kKv_, QFormat kQ_>
+template <Body kBody_, int kBlockN_, int kStages_, KvFormat kKv_, QFormat kQ_>
 struct Tiling : TileGeometry<kBlockN_, kStages_, /*warps=*/4> {
   using G = TileGeometry<kBlockN_, kStages_, 4>;
+  static constexpr Body kBody = kBody_;  // named by the generator (codegen/spec.py KernelSpec.body)
   static constexpr KvFormat kKv = kKv_;
   static constexpr QFormat kQ = kQ_;
   template <QFormat Q>
-  using WithQ = Tiling<kBlockN_, kStages_, kKv_, Q>;  // the same kernel for another q route
-  // KV in tiles of 64 tokens: a warpgroup (wgmma) kernel, mla_decode_sm90_wgmma.cuh for fp8 or
-  // mxfp4, mla_decode_sm90_wgmma_bf16.cuh for bf16 (codegen/spec.py WARPGROUP_BLOCK_N /
-  // WARPGROUP_KV say the same to the generator)
-  static constexpr bool kWarpgroup = kBlockN_ == WgLayout<kStages_>::kBlockN;
-  static constexpr bool kWarpgroupBf16 = kWarpgroup && kKv == KvFormat::kBf16;
+  using WithQ = Tiling<kBody_, kBlockN_, kStages_, kKv_, Q>;  // the same kernel for another q route
+  // The warpgroup (wgmma) bodies walk KV in tiles of 64 tokens, mla_decode_sm90_wgmma.cuh for fp8 or
+  // mxfp4, mla_decode_sm90_wgmma_bf16.cuh for bf16; the mma.sync bodies in tiles of 32 (codegen/spec.py
+  // WARPGROUP_BLOCK_N / WARPGROUP_KV, which choose the body, say the same).
+  static constexpr bool kWarpgroup = kBody == Body::kSm90Wgmma || kBody == Body::kSm90WgmmaBf16;
+  static constexpr bool kWarpgroupBf16 = kBody == Body::kSm90WgmmaBf16;
+  static constexpr bool kWide = kBody == Body::kMmaWide;  // bf16, or mxfp4 in tiles of 32
+  static_assert(kBody == Body::kMmaFp8 || kBody == Body::kMmaWide || kWarpgroup, "not an NVIDIA 16-row body");
+  static_assert(kWarpgroup == (kBlockN_ == WgLayout<kStages_>::kBlockN), "the warpgroup bodies take tiles of 64, the mma.sync ones not");
+  static_assert(kBody != Body::kMmaFp8 || kKv == KvFormat::kFp8, "the mma.sync fp8 body reads fp8 KV");
+  static_assert(kBody != Body::kMmaWide || KvTraits<kKv>::kWide, "the mma.sync wide body reads bf16 or mxfp4 KV");
+  static_assert(kBody != Body::kSm90Wgmma || kKv == KvFormat::kFp8 || kKv == KvFormat::kMxfp4, "the warpgroup body reads fp8 or mxfp4 KV");
+  static_assert(kBody != Body::kSm90WgmmaBf16 || kKv == KvFormat::kBf16, "the bf16 warpgroup body reads bf16 KV");
   using Wg = std::conditional_t<kWarpgroupBf16, WgBf16Layout<kStages_>, WgLayout<kStages_, kKv_>>;
-  static constexpr bool kWide = KvTraits<kKv>::kWide && !kWarpgroup;  // bf16, or mxfp4 in tiles of 32
   // What the combine multiplies a partial O by, besides the KV scale and 1 / l.
   static constexpr float kVUnit = kWide || kWarpgroup ? 1.f : kVDecodeScale;
   static constexpr int kNTiles = G::kBlockN / 8;  // n8 MMA tiles per KV tile
@@ -285,41 +292,20 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
 
   // Lane (g,t) holds, for rows g and g+8 and 32-dim group i, the 8 consecutive dims
   // warp*128 + 32i + 8t .. +7:  o[i][0..3][0], o[i][0..3][1]  (row g; [2],[3] for g+8).
-  if (splits == 1) {
+  write_rows(p, blk.qr, splits, [&](const auto& out) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      if (!blk.qr.owns(g + 8 * r)) continue;  // a padding row
-      const float inv = out_scale(l[r], o_scale, bad);
-      const int64_t tok = blk.qr.token(g + 8 * r);
-      const int h = blk.qr.head(g + 8 * r);
-      if (warp == 0 && t == 0) store_lse(p, tok, h, m[r], l[r], bad);
-      uint16_t* out = p.out + tok * p.out_stride_token + h * p.out_stride_head;
+      const float inv = out.scale(l[r], o_scale, bad);
+      const auto dst = out.row(g + 8 * r);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int d = warp * T::kVDimsPerWarp + 32 * i + 8 * t;
-        uint4 v;
-        v.x = pack_bf16x2(o[i][0][2 * r] * inv, o[i][1][2 * r] * inv);
-        v.y = pack_bf16x2(o[i][2][2 * r] * inv, o[i][3][2 * r] * inv);
-        v.z = pack_bf16x2(o[i][0][2 * r + 1] * inv, o[i][1][2 * r + 1] * inv);
-        v.w = pack_bf16x2(o[i][2][2 * r + 1] * inv, o[i][3][2 * r + 1] * inv);
-        *reinterpret_cast<uint4*>(out + d) = v;
+        const float v[8] = {o[i][0][2 * r] * inv,     o[i][1][2 * r] * inv,     o[i][2][2 * r] * inv,     o[i][3][2 * r] * inv,
+                            o[i][0][2 * r + 1] * inv, o[i][1][2 * r + 1] * inv, o[i][2][2 * r + 1] * inv, o[i][3][2 * r + 1] * inv};
+        dst.put(warp * T::kVDimsPerWarp + 32 * i + 8 * t, v);
       }
+      if (warp == 0 && t == 0) out.state(g + 8 * r, m[r], l[r], bad);
     }
-  } else {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float* po = p.part_o + blk.qr.part(g + 8 * r) * kVDim;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int d = warp * T::kVDimsPerWarp + 32 * i + 8 * t;
-        *reinterpret_cast<float4*>(po + d) = make_float4(o[i][0][2 * r], o[i][1][2 * r], o[i][2][2 * r], o[i][3][2 * r]);
-        *reinterpret_cast<float4*>(po + d + 4) =
-            make_float4(o[i][0][2 * r + 1], o[i][1][2 * r + 1], o[i][2][2 * r + 1], o[i][3][2 * r + 1]);
-      }
-      if (warp == 0 && t == 0)
-        p.part_ml[blk.qr.part(g + 8 * r)] = split_state(m[r], l[r], bad);
-    }
-  }
+  });
 }
 
 // ---- wide path (bf16 and mxfp4 KV) ----------------------------------------------------------
@@ -487,28 +473,19 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
 
   quad_sum(l);
 
-  if (splits == 1) {
+  write_rows(p, blk.qr, splits, [&](const auto& out) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      if (!blk.qr.owns(g + 8 * r)) continue;  // a padding row
-      const float inv = out_scale(l[r], 1.f, bad);
-      const int64_t tok = blk.qr.token(g + 8 * r);
-      const int h = blk.qr.head(g + 8 * r);
-      if (warp == 0 && t == 0) store_lse(p, tok, h, m[r], l[r], bad);
-      uint16_t* out = p.out + tok * p.out_stride_token + h * p.out_stride_head + warp * T::kVDimsPerWarp + 2 * t;
+      const float inv = out.scale(l[r], 1.f, bad);
+      const auto dst = out.row(g + 8 * r);
 #pragma unroll
-      for (int n = 0; n < 16; ++n)
-        *reinterpret_cast<uint32_t*>(out + 8 * n) = pack_bf16x2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+      for (int n = 0; n < 16; ++n) {
+        const float v[2] = {o[n][2 * r] * inv, o[n][2 * r + 1] * inv};
+        dst.put(warp * T::kVDimsPerWarp + 8 * n + 2 * t, v);
+      }
+      if (warp == 0 && t == 0) out.state(g + 8 * r, m[r], l[r], bad);
     }
-  } else {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float* po = p.part_o + blk.qr.part(g + 8 * r) * kVDim + warp * T::kVDimsPerWarp + 2 * t;
-#pragma unroll
-      for (int n = 0; n < 16; ++n) *reinterpret_cast<float2*>(po + 8 * n) = make_float2(o[n][2 * r], o[n][2 * r + 1]);
-      if (warp == 0 && t == 0) p.part_ml[blk.qr.part(g + 8 * r)] = split_state(m[r], l[r], bad);
-    }
-  }
+  });
 }
 
 // The split merge inside the decode launch (Params::merge_in_launch; LaunchInfo merge_in_launch).
@@ -590,11 +567,11 @@ template <class T, class Shape>
 MLAGEN_DEVICE void mla_decode_block(const Params& p) {
   extern __shared__ __align__(128) uint8_t smem[];
   static_assert(!RowsBody<T>::value, "the rows body is mla_decode_rows_block (it takes the KV tensor maps too)");
-  if constexpr (T::kWide)
+  if constexpr (T::kBody == Body::kMmaWide)
     decode_wide<T, Shape>(p, smem);
-  else if constexpr (T::kWarpgroupBf16)
+  else if constexpr (T::kBody == Body::kSm90WgmmaBf16)
     decode_wgmma_bf16<T, Shape>(p, smem);
-  else if constexpr (T::kWarpgroup)
+  else if constexpr (T::kBody == Body::kSm90Wgmma)
     decode_wgmma<T, Shape>(p, smem);
   else
     decode_fp8<T, Shape>(p, smem);

@@ -398,6 +398,7 @@ struct RowsTiling {
   static constexpr QFormat kQ = kQ_;
   template <QFormat Q>
   using WithQ = RowsTiling<kStages_, Q, kRows_, kKv_>;
+  static constexpr Body kBody = Body::kSm90Rows;  // the tiling is the body's (codegen/spec.py KernelSpec.body)
   static constexpr bool kRowsBody = true, kWide = false, kWarpgroup = false;
   static constexpr int kRowsPerBlock = L::kRows;
   static constexpr float kVUnit = 1.f;  // partial O is in KV units (the combine applies the KV scale)
@@ -633,12 +634,10 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
     // l_final for the O groups, through an mbarrier
     mbarrier_arrive(sums_ready);
     if (w == 0 && g == 0)
+      write_rows(p, blk.qr, splits, [&](const auto& out) {
 #pragma unroll
-      for (int k = 0; k < NS; ++k) {
-        const int row = wg_column(k, t);
-        if (splits > 1) p.part_ml[blk.qr.part(row)] = split_state(m[k], l[k], bad);
-        else if (blk.qr.owns(row)) store_lse(p, blk.qr.token(row), blk.qr.head(row), m[k], l[k], bad);
-      }
+        for (int k = 0; k < NS; ++k) out.state(wg_column(k, t), m[k], l[k], bad);
+      });
   } else {
     // ======== groups 1, 2: O^T of their 256 dims for all 64 rows ============================
     setmaxnreg_inc<L::kRegsO>();
@@ -680,43 +679,31 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
     mbarrier_wait(sums_ready, 0);  // group 0's sums (and any_bad_page: see group 0's epilogue)
     if (page_bad) flag_error(p, kDevErrPageTable);
     const bool bad = (blk.rows.paged() && *any_bad_page != 0) || blk.seq.bad;
+    write_rows(p, blk.qr, splits, [&](const auto& out) {
 #pragma unroll
-    for (int j = 0; j < R / 8; ++j)
+      for (int j = 0; j < R / 8; ++j)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int br = 8 * j + 2 * t + e;
-        const float inv = splits == 1 ? out_scale(l_final[br], kv_scale, bad) : 1.f;
-        float ov[8];
+        for (int e = 0; e < 2; ++e) {
+          const int br = 8 * j + 2 * t + e;
+          const float inv = out.scale(l_final[br], kv_scale, bad);
+          const auto dst = out.row(br);
+          float ov[8];
 #pragma unroll
-        for (int mb = 0; mb < 4; ++mb)
+          for (int mb = 0; mb < 4; ++mb)
 #pragma unroll
-          for (int hh = 0; hh < 2; ++hh) ov[mb + 4 * hh] = o[mb][4 * j + 2 * hh + e] * inv;
-        // (value i is dim F::o_dim(oc, w, g, i))
-        if constexpr (F::kODimsContiguous) {
-          const int dv = F::o_dim(oc, w, g, 0);
-          if (splits == 1) {
-            if (blk.qr.owns(br)) {
-              uint16_t* out = p.out + blk.qr.token(br) * p.out_stride_token + blk.qr.head(br) * p.out_stride_head + dv;
-              *reinterpret_cast<uint4*>(out) = make_uint4(pack_bf16x2(ov[0], ov[1]), pack_bf16x2(ov[2], ov[3]),
-                                                          pack_bf16x2(ov[4], ov[5]), pack_bf16x2(ov[6], ov[7]));
+            for (int hh = 0; hh < 2; ++hh) ov[mb + 4 * hh] = o[mb][4 * j + 2 * hh + e] * inv;
+          // (value i is dim F::o_dim(oc, w, g, i))
+          if constexpr (F::kODimsContiguous) {
+            dst.put(F::o_dim(oc, w, g, 0), ov);
+          } else {  // single values: the 8 lanes g of a row write 8 dims back to back
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+              const float v[1] = {ov[i]};
+              dst.put(F::o_dim(oc, w, g, i), v);
             }
-          } else {
-            float4* po = reinterpret_cast<float4*>(p.part_o + blk.qr.part(br) * kVDim + dv);
-            po[0] = make_float4(ov[0], ov[1], ov[2], ov[3]);
-            po[1] = make_float4(ov[4], ov[5], ov[6], ov[7]);
           }
-        } else if (splits == 1) {  // single values: the 8 lanes g of a row write 8 dims back to back
-          if (blk.qr.owns(br)) {
-            uint16_t* out = p.out + blk.qr.token(br) * p.out_stride_token + blk.qr.head(br) * p.out_stride_head;
-#pragma unroll
-            for (int i = 0; i < 8; ++i) out[F::o_dim(oc, w, g, i)] = static_cast<uint16_t>(pack_bf16x2(ov[i], 0.f));
-          }
-        } else {
-          float* po = p.part_o + blk.qr.part(br) * kVDim;
-#pragma unroll
-          for (int i = 0; i < 8; ++i) po[F::o_dim(oc, w, g, i)] = ov[i];
         }
-      }
+    });
   }
 }
 

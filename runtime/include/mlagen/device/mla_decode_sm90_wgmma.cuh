@@ -31,16 +31,7 @@
 
 #if defined(MLAGEN_NVIDIA)
 #include <type_traits>
-// MLAGEN_WG_TRACE (off unless defined; bench/breakdown.py builds a library with it): thread 0
-// of every block stores %globaltimer at kTracePoints points of its run into the workspace,
-// 32 MiB in (the caller makes it that big). Off, mark() compiles to nothing.
-#ifndef MLAGEN_WG_TRACE
-#define MLAGEN_WG_TRACE 0
-#endif
 namespace mlagen::device {
-
-constexpr int kTracePoints = 8;
-constexpr size_t kTraceOffset = size_t{32} << 20;
 
 template <int kStages_, KvFormat kKv_ = KvFormat::kFp8>
 struct WgLayout {
@@ -180,13 +171,6 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
             ntiles = blk.range.ntiles, tok_begin = blk.range.tok_begin, tok_end = blk.range.tok_end;
   bool page_bad = false;  // a page id outside the cache (kv_rows.cuh)
   const float kv_scale = kv_scale_of(p);
-  uint64_t* const trace = MLAGEN_WG_TRACE ? reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(p.errors) + kTraceOffset) +
-                                                kTracePoints * (static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x)
-                                          : nullptr;
-  auto mark = [&](int i) {
-    if (MLAGEN_WG_TRACE && tid == 0) trace[i] = global_timer_ns();
-  };
-  mark(0);
 
   // Tile j of the split into ring slot j % ST, one commit group a tile (empty past the end,
   // so the group count stays uniform). A warp instruction copies whole runs of rows, in
@@ -313,7 +297,6 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   }
 #pragma unroll
   for (int j = 0; j < ST - 1; ++j) issue_tile(j);
-  mark(1);
   if (!paged_ids) load_q();
   const QQuant qq = q_setup<T::kQ>(p, blk.q_given);
   {
@@ -332,7 +315,6 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   }
   fence_proxy_async_smem();
   __syncthreads();
-  mark(2);
 
   // This thread's query rows (columns of S^T and O^T): slot k -> row wg_column(k, t)
   // of the block's 16 (`head[k]`: the block's rows are 16 heads of one token at q_len 1).
@@ -442,7 +424,6 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
     cp_async_wait<ST - 2>();  // tile `it` landed (later ones may still fly)
     fence_proxy_async_smem();
     __syncthreads();  // ... for every thread; P, the maxima and tile it-1's slot are free
-    if (it == 0) mark(3);
     const uint32_t tile = kMx ? s_base : s_base + (it % ST) * L::kStageBytes;
     float tpow[2] = {0.f, 0.f}, tmul[2] = {1.f, 1.f};  // mxfp4: the powers of two of rows row0, row0 + 8
     if constexpr (kMx) {
@@ -476,7 +457,6 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
     if constexpr (!kMx) issue_tile(it + ST - 1);
     wgmma_wait<0>();
     wgmma_fence_regs(s);
-    if (it == 0) mark(4);
 
     // ---- softmax: the per-head tile maxima meet in shared memory ---------------------------
     const int tok0 = tok_begin + it * BN;
@@ -545,10 +525,8 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
     wgmma_wait<0>();
 #pragma unroll
     for (int mb = 0; mb < 8; ++mb) wgmma_fence_regs(o[mb]);
-    if (it == 0) mark(5);
   }
   cp_async_wait<0>();
-  mark(6);
   const bool bad = blk.rows.block_any_bad(p, page_bad) || blk.seq.bad;
 
   // ---- epilogue: l over the 8 row lanes and the 4 warps -------------------------------------
@@ -557,36 +535,25 @@ MLAGEN_DEVICE void decode_wgmma(const Params& p, uint8_t* smem) {
   // O[head][dim]: head slot k, m64 block mb, row r -> dim 128 (mb / 2) + 32 w + 4 g + 2 (mb % 2)
   // + r: four consecutive dims per (k, mb / 2). Columns: hi + lo / 16, / 256.
   const float o_unit = 1.f / 256.f;
+  write_rows(p, blk.qr, splits, [&](const auto& out) {
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const int jh = k / 2, e = k % 2;
-    const bool owns = blk.qr.owns(head[k]);  // else a padding row: nothing is written
-    const int64_t tok = blk.qr.token(head[k]);
-    const int hh = blk.qr.head(head[k]);
-    const float inv = splits == 1 ? out_scale(l[k], kv_scale, bad) * o_unit : o_unit;
+    for (int k = 0; k < 4; ++k) {
+      const int jh = k / 2, e = k % 2;
+      const float inv = out.scale(l[k], kv_scale, bad) * o_unit;
+      const auto dst = out.row(head[k]);
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      float ov[4];
+      for (int q = 0; q < 4; ++q) {
+        float ov[4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int mb = 2 * q + i / 2, r = i % 2;
-        ov[i] = (o[mb][4 * jh + 2 * r + e] + o[mb][4 * (jh + 2) + 2 * r + e] * 0.0625f) * inv;
+        for (int i = 0; i < 4; ++i) {
+          const int mb = 2 * q + i / 2, r = i % 2;
+          ov[i] = (o[mb][4 * jh + 2 * r + e] + o[mb][4 * (jh + 2) + 2 * r + e] * 0.0625f) * inv;
+        }
+        dst.put(128 * q + 32 * w + 4 * g, ov);
       }
-      const int dim0 = 128 * q + 32 * w + 4 * g;
-      if (splits == 1) {
-        uint16_t* out = p.out + tok * p.out_stride_token + hh * p.out_stride_head + dim0;
-        if (owns) *reinterpret_cast<uint2*>(out) = make_uint2(pack_bf16x2(ov[0], ov[1]), pack_bf16x2(ov[2], ov[3]));
-      } else {
-        float* po = p.part_o + blk.qr.part(head[k]) * kVDim + dim0;
-        *reinterpret_cast<float4*>(po) = make_float4(ov[0], ov[1], ov[2], ov[3]);
-      }
+      if (w == 0 && g == 0) out.state(head[k], m[k], l[k], bad);
     }
-    if (w == 0 && g == 0) {
-      if (splits > 1) p.part_ml[blk.qr.part(head[k])] = split_state(m[k], l[k], bad);
-      else if (owns) store_lse(p, tok, hh, m[k], l[k], bad);
-    }
-  }
-  mark(7);
+  });
 }
 
 }  // namespace mlagen::device

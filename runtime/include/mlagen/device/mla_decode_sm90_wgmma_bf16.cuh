@@ -267,42 +267,30 @@ MLAGEN_DEVICE void decode_wgmma_bf16(const Params& p, uint8_t* smem) {
   // (the sum's barrier also puts every thread past the loop: the ring is free for the O staging)
   wg_column_sum(l, head, red_sum, w, g);
   float* ostage = reinterpret_cast<float*>(smem);  // [row][kOPitch]
+  write_rows(p, blk.qr, splits, [&](const auto& out) {
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const int jh = k / 2, e = k % 2;
-    const float inv = splits == 1 ? out_scale(l[k], 1.f, bad) : 1.f;
+    for (int k = 0; k < 4; ++k) {
+      const int jh = k / 2, e = k % 2;
+      const float inv = out.scale(l[k], 1.f, bad);
 #pragma unroll
-    for (int mb = 0; mb < L::kVAtoms; ++mb)
+      for (int mb = 0; mb < L::kVAtoms; ++mb)
 #pragma unroll
-      for (int r = 0; r < 2; ++r) ostage[head[k] * L::kOPitch + 64 * mb + 16 * w + g + 8 * r] = o[mb][4 * jh + 2 * r + e] * inv;
-    if (w == 0 && g == 0) {
-      if (splits > 1) p.part_ml[blk.qr.part(head[k])] = split_state(m[k], l[k], bad);
-      else if (blk.qr.owns(head[k])) store_lse(p, blk.qr.token(head[k]), blk.qr.head(head[k]), m[k], l[k], bad);
+        for (int r = 0; r < 2; ++r) ostage[head[k] * L::kOPitch + 64 * mb + 16 * w + g + 8 * r] = o[mb][4 * jh + 2 * r + e] * inv;
+      if (w == 0 && g == 0) out.state(head[k], m[k], l[k], bad);
     }
-  }
-  __syncthreads();
-  // row h = tid / 8: 16-byte pieces (bf16) / 32-byte pieces (float partials) of 8 dims, 8 lanes a row
-  const int h = tid / 8, part = tid % 8;
-  const float* src = ostage + h * L::kOPitch;
-  if (splits == 1) {
-    if (blk.qr.owns(h)) {
-      uint16_t* out = p.out + blk.qr.token(h) * p.out_stride_token + blk.qr.head(h) * p.out_stride_head;
+    __syncthreads();
+    // row h = tid / 8: runs of 8 dims, 8 lanes a row
+    const int h = tid / 8, part = tid % 8;
+    const float* src = ostage + h * L::kOPitch;
+    const auto dst = out.row(h);
 #pragma unroll
-      for (int j = 0; j < kVDim / 64; ++j) {
-        const int d = 8 * (part + 8 * j);
-        const float4 a = *reinterpret_cast<const float4*>(src + d), b = *reinterpret_cast<const float4*>(src + d + 4);
-        *reinterpret_cast<uint4*>(out + d) =
-            make_uint4(pack_bf16x2(a.x, a.y), pack_bf16x2(a.z, a.w), pack_bf16x2(b.x, b.y), pack_bf16x2(b.z, b.w));
-      }
+    for (int j = 0; j < kVDim / 64; ++j) {
+      const int d = 8 * (part + 8 * j);
+      const float4 a = *reinterpret_cast<const float4*>(src + d), b = *reinterpret_cast<const float4*>(src + d + 4);
+      const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+      dst.put(d, v);
     }
-  } else {
-    float* po = p.part_o + blk.qr.part(h) * kVDim;
-#pragma unroll
-    for (int j = 0; j < kVDim / 32; ++j) {
-      const int d = 4 * (part + 8 * j);
-      *reinterpret_cast<float4*>(po + d) = *reinterpret_cast<const float4*>(src + d);
-    }
-  }
+  });
 }
 
 }  // namespace mlagen::device

@@ -16,13 +16,6 @@ MLAGEN_DEVICE uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// Nanoseconds of the GPU's global timer (the same clock on every SM; experiments only).
-MLAGEN_DEVICE uint64_t global_timer_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
-  return t;
-}
-
 // 16-byte global -> shared copy that bypasses L1; when !pred nothing is read and the
 // destination is zero-filled (src-size 0), so a short last tile holds zeros, not garbage.
 // cp.async of `bytes` (0..16) source bytes into a 16-byte destination, the rest zero-filled.
