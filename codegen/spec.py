@@ -88,8 +88,7 @@ OPTIONAL_TAGS = (("h", "num_heads"), ("ql", "q_len"), ("dk", "qk_dim"), ("dv", "
 # KernelSpec.body -> the device code's name for it (runtime/include/mlagen/device/mla_common.cuh
 # enum Body), which the generated file passes in the kernel's tiling type.
 BODIES = {
-    "mma_fp8": "Body::kMmaFp8",                 # 16 rows, mma.sync, fp8 KV (mla_decode.cuh decode_fp8)
-    "mma_wide": "Body::kMmaWide",               # 16 rows, mma.sync on bf16 tiles: bf16, mxfp4 KV (decode_wide)
+    "mma": "Body::kMma",                        # 16 rows, mma.sync, every format (mla_decode.cuh decode_mma: MmaKv)
     "sm90_wgmma": "Body::kSm90Wgmma",           # 16 rows, one warpgroup: fp8, mxfp4 KV
     "sm90_wgmma_bf16": "Body::kSm90WgmmaBf16",  # 16 rows, one warpgroup: bf16 KV
     "sm90_rows": "Body::kSm90Rows",             # 32 / 64 rows, three warpgroups: fp8, bf16 KV (a RowsKv policy)
@@ -248,7 +247,7 @@ class KernelSpec:
                 return "sm90_rows"
             if self.warpgroup:
                 return "sm90_wgmma_bf16" if self.kv_dtype == "bf16" else "sm90_wgmma"
-            return "mma_wide" if self.kv_dtype in ("bf16", "mxfp4") else "mma_fp8"
+            return "mma"  # one body, the format a policy of it (MmaKv)
         if self.native_fp8:
             return "gfx950_fp8"
         return "gfx9_wide" if self.kv_dtype in ("bf16", "mxfp4") else "gfx9_fp8"

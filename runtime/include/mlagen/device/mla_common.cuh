@@ -27,8 +27,8 @@ constexpr float kLog2e = 1.4426950408889634f;
 // BODIES) in the kernel's tiling type; the device code dispatches on that name and never infers a
 // body from the tiles. A tiling states the formats and tiles its body takes (static_asserts).
 enum class Body : int {
-  kMmaFp8,         // mla_decode.cuh decode_fp8: 16 rows a block, mma.sync, fp8 KV expanded in registers
-  kMmaWide,        // mla_decode.cuh decode_wide: 16 rows, mma.sync on bf16 tiles (bf16 KV; mxfp4 expanded in smem)
+  kMma,            // mla_decode.cuh decode_mma: 16 rows a block, four warps of mma.sync, the KV format a policy
+                   // (MmaFp8Kv: fp8 expanded in registers; MmaWideKv: bf16 tiles, mxfp4 expanded in smem)
   kSm90Wgmma,      // mla_decode_sm90_wgmma.cuh: 16 rows, one warpgroup, fp8 or mxfp4 KV in tiles of 64
   kSm90WgmmaBf16,  // mla_decode_sm90_wgmma_bf16.cuh: 16 rows, one warpgroup, bf16 KV in tiles of 64
   kSm90Rows,       // mla_decode_sm90_rows.cuh: 32 or 64 rows, three warpgroups, the KV format a policy (RowsKv)

@@ -12,10 +12,10 @@
 //               [144w, 144w+144) of the inner product, the 4 partial S tiles are summed
 //               through shared memory, and every warp then holds the whole S tile.
 //   O += P V  : warp w owns the 128 output dims [128w, 128w+128).
-// Two bodies share that structure (formats.cuh says which format takes which):
-//   fp8 path : KV bytes go to the tensor cores as f16 converted in registers (exact for
+// One body (decode_mma), the KV format a policy of it (formats.cuh says which format takes which):
+//   MmaFp8Kv : KV bytes go to the tensor cores as f16 converted in registers (exact for
 //              e4m3); the per-tensor KV scale and sm_scale are applied to S and O in fp32.
-//   wide path: bf16 rows (bf16 KV as stored, or mxfp4 dequantized into a bf16 tile in
+//   MmaWideKv: bf16 rows (bf16 KV as stored, or mxfp4 dequantized into a bf16 tile in
 //              shared memory once per tile) feed bf16 MMAs through ldmatrix / ldmatrix.trans.
 // The query is bf16, or fp8 with a per-tensor scale folded into S.
 // With one split the block writes the bf16 output; otherwise it writes an unnormalized
@@ -43,11 +43,9 @@ struct Tiling : TileGeometry<kBlockN_, kStages_, /*warps=*/4> {
   // WARPGROUP_BLOCK_N / WARPGROUP_KV, which choose the body, say the same).
   static constexpr bool kWarpgroup = kBody == Body::kSm90Wgmma || kBody == Body::kSm90WgmmaBf16;
   static constexpr bool kWarpgroupBf16 = kBody == Body::kSm90WgmmaBf16;
-  static constexpr bool kWide = kBody == Body::kMmaWide;  // bf16, or mxfp4 in tiles of 32
-  static_assert(kBody == Body::kMmaFp8 || kBody == Body::kMmaWide || kWarpgroup, "not an NVIDIA 16-row body");
+  static constexpr bool kWide = kBody == Body::kMma && KvTraits<kKv>::kWide;  // MmaWideKv: bf16, or mxfp4 in tiles of 32
+  static_assert(kBody == Body::kMma || kWarpgroup, "not an NVIDIA 16-row body");
   static_assert(kWarpgroup == (kBlockN_ == WgLayout<kStages_>::kBlockN), "the warpgroup bodies take tiles of 64, the mma.sync ones not");
-  static_assert(kBody != Body::kMmaFp8 || kKv == KvFormat::kFp8, "the mma.sync fp8 body reads fp8 KV");
-  static_assert(kBody != Body::kMmaWide || KvTraits<kKv>::kWide, "the mma.sync wide body reads bf16 or mxfp4 KV");
   static_assert(kBody != Body::kSm90Wgmma || kKv == KvFormat::kFp8 || kKv == KvFormat::kMxfp4, "the warpgroup body reads fp8 or mxfp4 KV");
   static_assert(kBody != Body::kSm90WgmmaBf16 || kKv == KvFormat::kBf16, "the bf16 warpgroup body reads bf16 KV");
   using Wg = std::conditional_t<kWarpgroupBf16, WgBf16Layout<kStages_>, WgLayout<kStages_, kKv_>>;
@@ -131,129 +129,99 @@ MLAGEN_DEVICE void softmax_tile(float (&s)[T::kNTiles][4], float4* red, int warp
   for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + lsum[r];
 }
 
-// ---- fp8 path ---------------------------------------------------------------------------
-template <class T, class Shape>
-MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
-  using namespace sm90;
-  constexpr int BN = T::kBlockN, ST = T::kStages, NT = T::kNTiles;
-  const uint32_t smem_kv = smem_addr(smem);
-  float4* red = reinterpret_cast<float4*>(smem + ST * T::kStageBytes);
+// ---- the mma.sync body: one skeleton, the KV format a policy --------------------------------
+// A format policy (MmaFp8Kv, MmaWideKv) holds the block's query fragments and O accumulators and
+// supplies the format's steps; decode_mma runs the phases every format shares: the block setup,
+// the cp.async ring, the query, per tile the scores, the softmax step, the rescale and P V, and the
+// epilogue. Both policies keep a lane's dims of rows g and g + 8 (g = lane / 4) and 144 QK dims /
+// 128 V dims a warp.
 
-  constexpr int W = MLAGEN_WARP_SIZE;  // 32 on NVIDIA; the fragment maps below assume it
-  static_assert(W == 32, "mma.sync fragments are defined for 32-lane warps");
-  const int warp = threadIdx.x / W, lane = threadIdx.x % W;
-  const int g = lane >> 2, t = lane & 3;
-  const BlockSetup<Shape> blk = block_setup<T, Shape, BN>(p);  // the prologue every body shares (formats.cuh)
-  const int split = blk.bc.split, splits = blk.splits,
-            ntiles = blk.range.ntiles, tok_begin = blk.range.tok_begin, tok_end = blk.range.tok_end;
-
-  bool page_bad = false;  // a page id outside the cache (kv_rows.cuh)
-  const bool per_row = !blk.rows.template tile_contiguous<BN>();  // pages shorter than a tile
-  TileIds<BN> next_ids;  // then the next tile's page ids, one row a lane
-  if (per_row) next_ids.load(blk.rows, tok_begin, tok_end, lane);
-  const float kv_scale = kv_scale_of(p);
-  const float o_scale = kv_scale * kVDecodeScale;  // per decoded V unit
-
-  auto issue_tile = [&](int tile, int stage) {
-    const int tok0 = tok_begin + tile * BN;
-    const uint32_t dst = smem_kv + stage * T::kStageBytes;
-    // one run of rows (contiguous, or pages of a tile or more): one base a tile; else a row
-    // address each (kv_rows.cuh issue_tile_rows; compile-time for all but the generic kernel)
-    auto copies = [&](auto row_ptr) {
-#pragma unroll
-      for (int i = 0; i < T::kCopiesPerThread; ++i) {
-        const int idx = threadIdx.x + i * T::kThreads;
-        const int row = idx / T::kChunksPerRow, col = idx % T::kChunksPerRow;
-        const bool ok = tok0 + row < tok_end;
-        const uint8_t* src = row_ptr(row);  // (every lane: the paged form shuffles)
-        cp_async_16(dst + row * T::kRowBytes + col * 16, ok ? src + col * 16 : p.kv, ok);
-      }
-    };
-    issue_tile_rows<BN>(p, blk.rows, per_row, next_ids, tok0, tok_end, tile + 1 < ntiles, lane, page_bad, copies);
-  };
-
-  float o[4][4][4];  // [32-dim group][n8 tile j][fragment]; see write_out for the dim map
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[i][j][e] = 0.f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // rows g and g+8
-
-#pragma unroll
-  for (int s = 0; s < ST - 1; ++s) {
-    if (s < ntiles) issue_tile(s, s);
-    cp_async_commit();
-  }
-
-  // The query after the KV prologue; its words are loaded before an fp8 q quantized here
-  // waits for its pre-pass (q is an input of the call, not a result of the pre-pass).
-  uint2 q_raw[T::kQkChunksPerWarp][2];
-#pragma unroll
-  for (int c = 0; c < T::kQkChunksPerWarp; ++c)
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-      q_raw[c][r] = load_q4_raw<T::kQ>(p, blk.qr.token(g + 8 * r), blk.qr.head(g + 8 * r), (warp * T::kQkChunksPerWarp + c) * 16 + 4 * t);
-  const QQuant qq = q_setup<T::kQ>(p, blk.q_given);
+// fp8 KV: the tile lands as stored (rows of 576 bytes + 16 pad). S takes K from the tile through
+// ldmatrix, converted to f16 in registers (exact for e4m3), against q as f16 fragments whose k
+// order inside each 16-dim chunk matches how K arrives (4 consecutive fp8 a lane): logical k 2t,
+// 2t+1 <- dims 4t, 4t+1 and 2t+8, 2t+9 <- dims 4t+2, 4t+3. O += P V with V^T built in registers:
+// lane (g,t) loads 4 bytes (dims 4g..4g+3 of a 32-dim group) of tokens 2t, 2t+1, 2t+8, 2t+9 and
+// byte-transposes them; n8 tile j then maps its column g to dim 4g+j of the group. The KV scale and
+// sm_scale are applied to S and O in fp32.
+template <class T>
+struct MmaFp8Kv {
+  static constexpr int NT = T::kNTiles, C = T::kQkChunksPerWarp, W = MLAGEN_WARP_SIZE;
+  static constexpr int kRowPitch = T::kRowBytes;
+  float o[4][4][4];  // [32-dim group i][n8 tile j][fragment]: dims warp*128 + 32i + 8t .. +7 (see store)
+  uint2 q_raw[C][2];
+  uint32_t qf[C][4];
   int q_shift = 0;  // a bf16 q beyond f16's range: f16_q_shift (this warp's slice)
-  if constexpr (T::kQ == QFormat::kBf16) {
-    float a = 0.f;
+  float s_unshift = 1.f, s_scale = 0.f, o_scale = 0.f;
+
+  MLAGEN_DEVICE void clear() {
 #pragma unroll
-    for (int c = 0; c < T::kQkChunksPerWarp; ++c)
+    for (int i = 0; i < 4; ++i)
 #pragma unroll
-      for (int r = 0; r < 2; ++r) a = fmaxf(a, absmax4(q4_from_raw<T::kQ>(qq, q_raw[c][r])));
-    q_shift = f16_q_shift(a);
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[i][j][e] = 0.f;
   }
-  const float q_mul = pow2i(-q_shift), s_unshift = pow2i(q_shift);
-  const float s_scale = kv_scale * qq.scale * kKDecodeScale * p.sm_scale * kLog2e;  // log2 domain
-  // Q as f16 A fragments for this warp's 144 dims. The k order inside each 16-dim chunk
-  // is permuted to match how K arrives (4 consecutive fp8 per lane, see below):
-  // logical k 2t,2t+1 <- dims 4t,4t+1 and logical k 2t+8,2t+9 <- dims 4t+2,4t+3.
-  uint32_t qf[T::kQkChunksPerWarp][4];
+  static constexpr int kCopyUnroll = T::kCopiesPerThread;  // the tile's copies unrolled (decode_mma copy_tile)
+  static constexpr bool kClampRows = false;
+  template <class Shape>
+  MLAGEN_DEVICE void load_q(const Params& p, const BlockSetup<Shape>& blk, int warp, int g, int t) {
 #pragma unroll
-  for (int c = 0; c < T::kQkChunksPerWarp; ++c) {
+    for (int c = 0; c < C; ++c)
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float4 v = q4_from_raw<T::kQ>(qq, q_raw[c][r]);
-      qf[c][r] = pack_f16x2(v.x * q_mul, v.y * q_mul);
-      qf[c][r + 2] = pack_f16x2(v.z * q_mul, v.w * q_mul);
+      for (int r = 0; r < 2; ++r)
+        q_raw[c][r] = load_q4_raw<T::kQ>(p, blk.qr.token(g + 8 * r), blk.qr.head(g + 8 * r), (warp * C + c) * 16 + 4 * t);
+  }
+  template <class Shape>
+  MLAGEN_DEVICE void setup_q(const Params& p, const BlockSetup<Shape>& blk) {
+    const float kv_scale = kv_scale_of(p);
+    o_scale = kv_scale * kVDecodeScale;  // per decoded V unit
+    const QQuant qq = q_setup<T::kQ>(p, blk.q_given);
+    if constexpr (T::kQ == QFormat::kBf16) {
+      float a = 0.f;
+#pragma unroll
+      for (int c = 0; c < C; ++c)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) a = fmaxf(a, absmax4(q4_from_raw<T::kQ>(qq, q_raw[c][r])));
+      q_shift = f16_q_shift(a);
+    }
+    const float q_mul = pow2i(-q_shift);
+    s_unshift = pow2i(q_shift);
+    s_scale = kv_scale * qq.scale * kKDecodeScale * p.sm_scale * kLog2e;  // log2 domain
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float4 v = q4_from_raw<T::kQ>(qq, q_raw[c][r]);
+        qf[c][r] = pack_f16x2(v.x * q_mul, v.y * q_mul);
+        qf[c][r + 2] = pack_f16x2(v.z * q_mul, v.w * q_mul);
+      }
     }
   }
-
-
-  for (int it = 0; it < ntiles; ++it) {
-    cp_async_wait<ST - 2>();
-    __syncthreads();  // tile `it` landed for all; every warp is done with tile it-1
-    if (it + ST - 1 < ntiles) issue_tile(it + ST - 1, (it + ST - 1) % ST);
-    cp_async_commit();
-    const uint32_t stage = smem_kv + (it % ST) * T::kStageBytes;
-
-    // ---- S partial over this warp's dims: B[k][n] = K[token n][dim k] -------------------
-    float s[NT][4];
+  // The tile the products read: the landed stage itself.
+  template <class Rows>
+  MLAGEN_DEVICE uint32_t operand_tile(uint32_t stage, uint8_t*, uint8_t*, const Params&, const Rows&, int, int, bool&) const {
+    return stage;
+  }
+  // S partial over this warp's dims: B[k][n] = K[token n][dim k].
+  MLAGEN_DEVICE void scores(float (&s)[NT][4], uint32_t tile, int warp, int lane) const {
+    using namespace sm90;
 #pragma unroll
-    for (int j = 0; j < NT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-#pragma unroll
-    for (int c = 0; c < T::kQkChunksPerWarp; ++c) {
-      const int kbyte = (warp * T::kQkChunksPerWarp + c) * 16;
+    for (int c = 0; c < C; ++c) {
+      const int kbyte = (warp * C + c) * 16;
 #pragma unroll
       for (int jj = 0; jj < NT / 4; ++jj) {
         uint32_t r[4];  // r[i] = K[token 8(4jj+i)+g][kbyte + 4t .. +3]
-        ldmatrix_x4(r, stage + (jj * W + lane) * T::kRowBytes + kbyte);  // rows 8(4jj+i)+g
+        ldmatrix_x4(r, tile + (jj * W + lane) * kRowPitch + kbyte);  // rows 8(4jj+i)+g
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
-          mma_f16_16816(s[jj * 4 + i], qf[c], k_lo_to_f16x2(r[i]), k_hi_to_f16x2(r[i]));
+        for (int i = 0; i < 4; ++i) mma_f16_16816(s[jj * 4 + i], qf[c], k_lo_to_f16x2(r[i]), k_hi_to_f16x2(r[i]));
       }
     }
-
     if (q_shift) {  // warp-uniform, rare: this warp's q was scaled by 2^-q_shift
 #pragma unroll
       for (int j = 0; j < NT; ++j) s[j][0] *= s_unshift, s[j][1] *= s_unshift, s[j][2] *= s_unshift, s[j][3] *= s_unshift;
     }
-    float alpha[2];
-    const int tok0 = tok_begin + it * BN;
-    const int valid[2] = {min(tok_end, blk.qr.key_end(g)) - tok0, min(tok_end, blk.qr.key_end(g + 8)) - tok0};
-    softmax_tile<T, Shape::kRowsEndEarly>(s, red, warp, lane, valid, s_scale, m, l, alpha);
+  }
+  MLAGEN_DEVICE void rescale(const float (&alpha)[2]) {
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
@@ -261,22 +229,21 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
         o[i][j][0] *= alpha[0]; o[i][j][1] *= alpha[0];
         o[i][j][2] *= alpha[1]; o[i][j][3] *= alpha[1];
       }
-
-    // ---- O += P V over this warp's 128 dims -----------------------------------------------
-    // P: the S accumulators of n8 tiles 2kc, 2kc+1 are the A fragment of k-chunk kc.
-    // V: B[k = token][n = dim]. Lane (g,t) loads 4 bytes (dims 4g..4g+3 of a 32-dim group)
-    // of tokens 2t, 2t+1, 2t+8, 2t+9 and byte-transposes them; n8 tile j then maps its
-    // column g to dim 4g+j of the group.
+  }
+  // O += P V over this warp's 128 dims. P: the S accumulators of n8 tiles 2kc, 2kc+1 are the A
+  // fragment of k-chunk kc.
+  MLAGEN_DEVICE void accumulate(const float (&s)[NT][4], uint32_t tile, int warp, int g, int t) {
+    using namespace sm90;
 #pragma unroll
-    for (int kc = 0; kc < BN / 16; ++kc) {
+    for (int kc = 0; kc < T::kBlockN / 16; ++kc) {
       const uint32_t a[4] = {pack_f16x2(s[2 * kc][0], s[2 * kc][1]), pack_f16x2(s[2 * kc][2], s[2 * kc][3]),
                              pack_f16x2(s[2 * kc + 1][0], s[2 * kc + 1][1]),
                              pack_f16x2(s[2 * kc + 1][2], s[2 * kc + 1][3])};
-      const uint32_t row0 = stage + (16 * kc + 2 * t) * T::kRowBytes + warp * T::kVDimsPerWarp + 4 * g;
+      const uint32_t row0 = tile + (16 * kc + 2 * t) * kRowPitch + warp * T::kVDimsPerWarp + 4 * g;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const uint32_t w0 = lds32(row0 + i * 32), w1 = lds32(row0 + T::kRowBytes + i * 32);
-        const uint32_t w2 = lds32(row0 + 8 * T::kRowBytes + i * 32), w3 = lds32(row0 + 9 * T::kRowBytes + i * 32);
+        const uint32_t w0 = lds32(row0 + i * 32), w1 = lds32(row0 + kRowPitch + i * 32);
+        const uint32_t w2 = lds32(row0 + 8 * kRowPitch + i * 32), w3 = lds32(row0 + 9 * kRowPitch + i * 32);
         uint32_t v01[4], v23[4];  // [j]: dim 4g+j of tokens (2t, 2t+1) / (2t+8, 2t+9)
         v_pairs_to_f16x2(w0, w1, v01);
         v_pairs_to_f16x2(w2, w3, v23);
@@ -285,154 +252,94 @@ MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
       }
     }
   }
-  cp_async_wait<0>();
-  const bool bad = blk.rows.block_any_bad(p, page_bad) || blk.seq.bad;
-
-  quad_sum(l);
-
-  // Lane (g,t) holds, for rows g and g+8 and 32-dim group i, the 8 consecutive dims
-  // warp*128 + 32i + 8t .. +7:  o[i][0..3][0], o[i][0..3][1]  (row g; [2],[3] for g+8).
-  write_rows(p, blk.qr, splits, [&](const auto& out) {
+  // Row g + 8r's results: lane (g,t) holds, for 32-dim group i, the 8 consecutive dims
+  // warp*128 + 32i + 8t .. +7:  o[i][0..3][2r], o[i][0..3][2r + 1].
+  template <class Dst>
+  MLAGEN_DEVICE void store(const Dst& dst, int r, float inv, int warp, int t) const {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float inv = out.scale(l[r], o_scale, bad);
-      const auto dst = out.row(g + 8 * r);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float v[8] = {o[i][0][2 * r] * inv,     o[i][1][2 * r] * inv,     o[i][2][2 * r] * inv,     o[i][3][2 * r] * inv,
-                            o[i][0][2 * r + 1] * inv, o[i][1][2 * r + 1] * inv, o[i][2][2 * r + 1] * inv, o[i][3][2 * r + 1] * inv};
-        dst.put(warp * T::kVDimsPerWarp + 32 * i + 8 * t, v);
-      }
-      if (warp == 0 && t == 0) out.state(g + 8 * r, m[r], l[r], bad);
+    for (int i = 0; i < 4; ++i) {
+      const float v[8] = {o[i][0][2 * r] * inv,     o[i][1][2 * r] * inv,     o[i][2][2 * r] * inv,     o[i][3][2 * r] * inv,
+                          o[i][0][2 * r + 1] * inv, o[i][1][2 * r + 1] * inv, o[i][2][2 * r + 1] * inv, o[i][3][2 * r + 1] * inv};
+      dst.put(warp * T::kVDimsPerWarp + 32 * i + 8 * t, v);
     }
-  });
-}
-
-// ---- wide path (bf16 and mxfp4 KV) ----------------------------------------------------------
-// S: B[k][n] = K[token n][dim k] straight from the bf16 rows with ldmatrix (no permutation:
-// the Q fragments are in natural order). P V: B[k = token][n = dim] with ldmatrix.trans.
-// mxfp4: the stage holds packed rows + a scale window; after the tile lands, the block
-// dequantizes it into one bf16 tile (`dec`) and both products read that.
-template <class T, class Shape>
-MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
-  using namespace sm90;
-  constexpr int BN = T::kBlockN, ST = T::kStages, NT = T::kNTiles, W = MLAGEN_WARP_SIZE;
-  constexpr bool kMx = T::kKv == KvFormat::kMxfp4;
-  static_assert(W == 32, "mma.sync fragments are defined for 32-lane warps");
-  const uint32_t smem_kv = smem_addr(smem);
-  uint8_t* dec = smem + ST * T::kStageBytes;  // mxfp4: the dequantized bf16 tile
-  float4* red = reinterpret_cast<float4*>(dec + T::kDecodedBytes);
-
-  const int warp = threadIdx.x / W, lane = threadIdx.x % W;
-  const int g = lane >> 2, t = lane & 3;
-  const BlockSetup<Shape> blk = block_setup<T, Shape, BN>(p);  // the prologue every body shares (formats.cuh)
-  const int split = blk.bc.split, splits = blk.splits,
-            ntiles = blk.range.ntiles, tok_begin = blk.range.tok_begin, tok_end = blk.range.tok_end;
-
-  bool page_bad = false;  // a page id outside the cache (kv_rows.cuh)
-  const bool per_row = !blk.rows.template tile_contiguous<BN>();  // pages shorter than a tile
-  TileIds<BN> next_ids;  // then the next tile's page ids, one row a lane
-  if (per_row) next_ids.load(blk.rows, tok_begin, tok_end, lane);
-
-  auto issue_tile = [&](int tile, int stage) {
-    const int tok0 = tok_begin + tile * BN;
-    const uint32_t dst = smem_kv + stage * T::kStageBytes;
-    constexpr int kRowPitch = kMx ? kMxRowBytes : T::kRowBytes;
-    // bf16 tiles are 18 copies a thread: a rolled loop keeps 18 source pointers out of
-    // the registers (unrolled, the kernel spilled at 255 registers). One run of rows: one base a
-    // tile; else a row address each (kv_rows.cuh issue_tile_rows, as in decode_fp8).
-    auto copies = [&](auto row_ptr) {
-#pragma unroll 2
-      for (int i = 0; i < T::kCopiesPerThread; ++i) {
-        const int idx = threadIdx.x + i * T::kThreads;
-        const int row = min(idx / T::kChunksPerRow, BN - 1), col = idx % T::kChunksPerRow;
-        const uint8_t* src = row_ptr(row);  // (every lane, before the guard: the paged form shuffles)
-        if (T::kChunksPerTile % T::kThreads == 0 || idx < T::kChunksPerTile) {
-          const bool ok = tok0 + row < tok_end;
-          cp_async_16(dst + row * kRowPitch + col * 16, ok ? src + col * 16 : p.kv, ok);
-        }
-      }
-    };
-    issue_tile_rows<BN>(p, blk.rows, per_row, next_ids, tok0, tok_end, tile + 1 < ntiles, lane, page_bad, copies);
-    if constexpr (kMx) {  // the scale rows of the tile's tokens, through an aligned window
-      uint8_t* win = smem + stage * T::kStageBytes + MxStage<BN>::kDataBytes;
-      if (blk.rows.template tile_contiguous<BN>())
-        mx_issue_scale_window<BN, T::kThreads>(p.kv_scales, p.kv_scales_stride, p.total_kv, blk.rows.row(tok0, page_bad),
-                                               min(BN, tok_end - tok0), dst + MxStage<BN>::kDataBytes, win, threadIdx.x);
-      else
-        mx_issue_scale_rows<BN, T::kThreads>(p.kv_scales, p.kv_scales_stride, blk.rows, tok0, min(BN, tok_end - tok0), win,
-                                             threadIdx.x, page_bad);
-    }
-  };
-
-  float o[16][4];  // n8 tile n: dims warp*128 + 8n + 2t, +1 of rows g ([0], [1]) and g+8 ([2], [3])
-#pragma unroll
-  for (int n = 0; n < 16; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-
-#pragma unroll
-  for (int s = 0; s < ST - 1; ++s) {
-    if (s < ntiles) issue_tile(s, s);
-    cp_async_commit();
   }
+};
 
-  // q's words before q_setup (see decode_fp8): two 4-dim loads a row cover dims 2t..2t+1
-  // and 2t+8..2t+9 (and their neighbours) of each 16-dim chunk
-  uint2 q_raw[T::kQkChunksPerWarp][2][2];
+// bf16 KV, and mxfp4 dequantized into a bf16 tile in shared memory once a tile (the stage holds the
+// packed rows and a window of scale rows; `dec` the bf16 tile both products read): bf16 MMAs, S with
+// B[k][n] = K[token n][dim k] straight from the bf16 rows by ldmatrix (q fragments in natural k
+// order), O with B[k = token][n = dim] by ldmatrix.trans.
+template <class T>
+struct MmaWideKv {
+  static constexpr int NT = T::kNTiles, C = T::kQkChunksPerWarp, BN = T::kBlockN;
+  static constexpr bool kMx = T::kKv == KvFormat::kMxfp4;
+  static constexpr int kRowPitch = kMx ? kMxRowBytes : T::kRowBytes;  // a stage's rows
+  float o[16][4];  // n8 tile n: dims warp*128 + 8n + 2t, +1 of rows g ([0], [1]) and g+8 ([2], [3])
+  uint2 q_raw[C][2][2];
+  uint32_t qf[C][4];
+  float s_scale = 0.f, o_scale = 1.f;
+
+  MLAGEN_DEVICE void clear() {
 #pragma unroll
-  for (int c = 0; c < T::kQkChunksPerWarp; ++c)
+    for (int n = 0; n < 16; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  }
+  // bf16 tiles are 18 copies a thread: a loop unrolled by 2 keeps 18 source pointers out of the
+  // registers (unrolled, the kernel spilled at 255 registers)
+  static constexpr int kCopyUnroll = 2;
+  static constexpr bool kClampRows = true;
+  // two 4-dim loads a row cover dims 2t..2t+1 and 2t+8..2t+9 (and their neighbours) of each
+  // 16-dim chunk
+  template <class Shape>
+  MLAGEN_DEVICE void load_q(const Params& p, const BlockSetup<Shape>& blk, int warp, int g, int t) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r)
+    for (int c = 0; c < C; ++c)
 #pragma unroll
-      for (int hl = 0; hl < 2; ++hl)
-        q_raw[c][r][hl] = load_q4_raw<T::kQ>(p, blk.qr.token(g + 8 * r), blk.qr.head(g + 8 * r),
-                                             (warp * T::kQkChunksPerWarp + c) * 16 + 8 * hl + 4 * (t >> 1));
-  const QQuant qq = q_setup<T::kQ>(p, blk.q_given);  // after the KV prologue and the q loads
-  const float s_scale = qq.scale * p.sm_scale * kLog2e;  // log2 domain
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int hl = 0; hl < 2; ++hl)
+          q_raw[c][r][hl] = load_q4_raw<T::kQ>(p, blk.qr.token(g + 8 * r), blk.qr.head(g + 8 * r),
+                                               (warp * C + c) * 16 + 8 * hl + 4 * (t >> 1));
+  }
   // Q as bf16 A fragments, natural k order: a[0] = Q[g][2t, 2t+1], a[1] = Q[g+8][2t, 2t+1],
   // a[2] = Q[g][2t+8, 2t+9], a[3] = Q[g+8][2t+8, 2t+9] of each 16-dim chunk.
-  uint32_t qf[T::kQkChunksPerWarp][4];
+  template <class Shape>
+  MLAGEN_DEVICE void setup_q(const Params& p, const BlockSetup<Shape>& blk) {
+    const QQuant qq = q_setup<T::kQ>(p, blk.q_given);
+    s_scale = qq.scale * p.sm_scale * kLog2e;  // log2 domain
+    const int t = threadIdx.x % MLAGEN_WARP_SIZE & 3;
 #pragma unroll
-  for (int c = 0; c < T::kQkChunksPerWarp; ++c) {
+    for (int c = 0; c < C; ++c) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float4 lo = q4_from_raw<T::kQ>(qq, q_raw[c][r][0]);
-      const float4 hi = q4_from_raw<T::kQ>(qq, q_raw[c][r][1]);
-      const bool odd = t & 1;
-      qf[c][r] = pack_bf16x2_rn(odd ? lo.z : lo.x, odd ? lo.w : lo.y);
-      qf[c][r + 2] = pack_bf16x2_rn(odd ? hi.z : hi.x, odd ? hi.w : hi.y);
+      for (int r = 0; r < 2; ++r) {
+        const float4 lo = q4_from_raw<T::kQ>(qq, q_raw[c][r][0]);
+        const float4 hi = q4_from_raw<T::kQ>(qq, q_raw[c][r][1]);
+        const bool odd = t & 1;
+        qf[c][r] = pack_bf16x2_rn(odd ? lo.z : lo.x, odd ? lo.w : lo.y);
+        qf[c][r + 2] = pack_bf16x2_rn(odd ? hi.z : hi.x, odd ? hi.w : hi.y);
+      }
     }
   }
-
-
-  const int mrow = lane & 7, msel = lane >> 3;  // ldmatrix: this lane's row of matrix msel
-  for (int it = 0; it < ntiles; ++it) {
-    cp_async_wait<ST - 2>();
-    __syncthreads();  // tile `it` landed for all; every warp is done with tile it-1
-    if (it + ST - 1 < ntiles) issue_tile(it + ST - 1, (it + ST - 1) % ST);
-    cp_async_commit();
-    const int valid_rows = tok_end - (tok_begin + it * BN);  // the tile's rows
-    const int valid[2] = {min(tok_end, blk.qr.key_end(g)) - (tok_begin + it * BN),
-                          min(tok_end, blk.qr.key_end(g + 8)) - (tok_begin + it * BN)};  // rows g, g + 8's keys
-    uint32_t tile = smem_kv + (it % ST) * T::kStageBytes;
+  // The tile the products read: bf16 as landed; mxfp4 dequantized into `dec` by the block.
+  template <class Rows>
+  MLAGEN_DEVICE uint32_t operand_tile(uint32_t stage, uint8_t* stage_ptr, uint8_t* dec, const Params& p, const Rows& rows,
+                                      int tok0, int valid_rows, bool& page_bad) const {
     if constexpr (kMx) {
-      const int tok0 = tok_begin + it * BN;
-      mxfp4_stage_to_bf16<BN, T::kThreads>(smem + (it % ST) * T::kStageBytes,
-                                           mx_scale_offset<BN>(blk.rows, tok0, p.kv_scales_stride, page_bad),
+      mxfp4_stage_to_bf16<BN, T::kThreads>(stage_ptr, mx_scale_offset<BN>(rows, tok0, p.kv_scales_stride, page_bad),
                                            p.kv_scales_stride, valid_rows, dec, T::kRowBytes, threadIdx.x);
       __syncthreads();  // the bf16 tile is complete
-      tile = smem_addr(dec);
+      return smem_addr(dec);
+    } else {
+      return stage;
     }
-
-    // ---- S partial over this warp's dims ----------------------------------------------------
-    // ldmatrix.x4 matrices: (tokens 16jj+0..7 | 16jj+8..15) x (dims k..k+7 | k+8..k+15):
-    // r[0], r[1] = b0, b1 of n8 tile 2jj; r[2], r[3] = b0, b1 of n8 tile 2jj+1.
-    float s[NT][4];
+  }
+  // ldmatrix.x4 matrices: (tokens 16jj+0..7 | 16jj+8..15) x (dims k..k+7 | k+8..k+15):
+  // r[0], r[1] = b0, b1 of n8 tile 2jj; r[2], r[3] = b0, b1 of n8 tile 2jj+1.
+  MLAGEN_DEVICE void scores(float (&s)[NT][4], uint32_t tile, int warp, int lane) const {
+    using namespace sm90;
+    const int mrow = lane & 7, msel = lane >> 3;  // ldmatrix: this lane's row of matrix msel
 #pragma unroll
-    for (int j = 0; j < NT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-#pragma unroll
-    for (int c = 0; c < T::kQkChunksPerWarp; ++c) {
-      const int kdim = (warp * T::kQkChunksPerWarp + c) * 16;
+    for (int c = 0; c < C; ++c) {
+      const int kdim = (warp * C + c) * 16;
 #pragma unroll
       for (int jj = 0; jj < NT / 2; ++jj) {
         uint32_t r[4];
@@ -441,18 +348,19 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
         mma_bf16_16816(s[2 * jj + 1], qf[c], r[2], r[3]);
       }
     }
-
-    float alpha[2];
-    softmax_tile<T, Shape::kRowsEndEarly>(s, red, warp, lane, valid, s_scale, m, l, alpha);
+  }
+  MLAGEN_DEVICE void rescale(const float (&alpha)[2]) {
 #pragma unroll
     for (int n = 0; n < 16; ++n) {
       o[n][0] *= alpha[0]; o[n][1] *= alpha[0];
       o[n][2] *= alpha[1]; o[n][3] *= alpha[1];
     }
-
-    // ---- O += P V over this warp's 128 dims ---------------------------------------------------
-    // ldmatrix.x4.trans matrices: (tokens 16kc+0..7 | 16kc+8..15) x (dims d..d+7 | d+8..d+15):
-    // r[0], r[1] = b0, b1 of the n8 tile at dim d; r[2], r[3] = those of dim d+8.
+  }
+  // ldmatrix.x4.trans matrices: (tokens 16kc+0..7 | 16kc+8..15) x (dims d..d+7 | d+8..d+15):
+  // r[0], r[1] = b0, b1 of the n8 tile at dim d; r[2], r[3] = those of dim d+8.
+  MLAGEN_DEVICE void accumulate(const float (&s)[NT][4], uint32_t tile, int warp, int g, int t) {
+    using namespace sm90;
+    const int lane = 4 * g + t, mrow = lane & 7, msel = lane >> 3;
 #pragma unroll
     for (int kc = 0; kc < BN / 16; ++kc) {
       const uint32_t a[4] = {pack_bf16x2_rn(s[2 * kc][0], s[2 * kc][1]), pack_bf16x2_rn(s[2 * kc][2], s[2 * kc][3]),
@@ -468,6 +376,112 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
       }
     }
   }
+  template <class Dst>
+  MLAGEN_DEVICE void store(const Dst& dst, int r, float inv, int warp, int t) const {
+#pragma unroll
+    for (int n = 0; n < 16; ++n) {
+      const float v[2] = {o[n][2 * r] * inv, o[n][2 * r + 1] * inv};
+      dst.put(warp * T::kVDimsPerWarp + 8 * n + 2 * t, v);
+    }
+  }
+};
+
+template <class T>
+using MmaKv = std::conditional_t<T::kKv == KvFormat::kFp8, MmaFp8Kv<T>, MmaWideKv<T>>;
+
+// The copies of one tile into `dst` (the policy's row pitch), 16 bytes a copy, rows past tok_end
+// zero-filled; the thread's copies unrolled by Kv::kCopyUnroll. A policy whose chunks do not divide
+// over the threads guards the last copies; one that clamps reads a valid row's address for them.
+template <class T, class Kv, class RowPtr>
+MLAGEN_DEVICE void copy_tile(const Params& p, uint32_t dst, int tok0, int tok_end, RowPtr&& row_ptr) {
+#pragma unroll Kv::kCopyUnroll
+  for (int i = 0; i < T::kCopiesPerThread; ++i) {
+    const int idx = threadIdx.x + i * T::kThreads;
+    const int row = Kv::kClampRows ? min(idx / T::kChunksPerRow, T::kBlockN - 1) : idx / T::kChunksPerRow;
+    const int col = idx % T::kChunksPerRow;
+    const uint8_t* src = row_ptr(row);  // (every lane, before the guard: the paged form shuffles)
+    if (T::kChunksPerTile % T::kThreads == 0 || idx < T::kChunksPerTile) {
+      const bool ok = tok0 + row < tok_end;
+      cp_async_16(dst + row * Kv::kRowPitch + col * 16, ok ? src + col * 16 : p.kv, ok);
+    }
+  }
+}
+
+// Block (split, row group, sequence): its 16 query rows over its share of the sequence's tokens in
+// tiles of kBlockN through a kStages-deep cp.async ring; the 4 warps' S partials are summed through
+// shared memory (softmax_tile), every warp then holds the whole S tile and accumulates its 128 V dims.
+template <class T, class Shape>
+MLAGEN_DEVICE void decode_mma(const Params& p, uint8_t* smem) {
+  using namespace sm90;
+  using Kv = MmaKv<T>;
+  constexpr int BN = T::kBlockN, ST = T::kStages, NT = T::kNTiles, W = MLAGEN_WARP_SIZE;
+  static_assert(W == 32, "mma.sync fragments are defined for 32-lane warps");
+  const uint32_t smem_kv = smem_addr(smem);
+  uint8_t* dec = smem + ST * T::kStageBytes;  // mxfp4: the dequantized bf16 tile (else empty)
+  float4* red = reinterpret_cast<float4*>(dec + T::kDecodedBytes);
+
+  const int warp = threadIdx.x / W, lane = threadIdx.x % W;
+  const int g = lane >> 2, t = lane & 3;
+  const BlockSetup<Shape> blk = block_setup<T, Shape, BN>(p);  // the prologue every body shares (formats.cuh)
+  const int splits = blk.splits, ntiles = blk.range.ntiles, tok_begin = blk.range.tok_begin, tok_end = blk.range.tok_end;
+
+  bool page_bad = false;  // a page id outside the cache (kv_rows.cuh)
+  const bool per_row = !blk.rows.template tile_contiguous<BN>();  // pages shorter than a tile
+  TileIds<BN> next_ids;  // then the next tile's page ids, one row a lane
+  if (per_row) next_ids.load(blk.rows, tok_begin, tok_end, lane);
+
+  // One run of rows (contiguous, or pages of a tile or more): one base a tile; else a row address
+  // each (kv_rows.cuh issue_tile_rows; compile-time for all but the generic kernel).
+  auto issue_tile = [&](int tile, int stage) {
+    const int tok0 = tok_begin + tile * BN;
+    const uint32_t dst = smem_kv + stage * T::kStageBytes;
+    issue_tile_rows<BN>(p, blk.rows, per_row, next_ids, tok0, tok_end, tile + 1 < ntiles, lane, page_bad,
+                        [&](auto row_ptr) { copy_tile<T, Kv>(p, dst, tok0, tok_end, row_ptr); });
+    if constexpr (T::kKv == KvFormat::kMxfp4) {  // the scale rows of the tile's tokens, through an aligned window
+      uint8_t* win = smem + stage * T::kStageBytes + MxStage<BN>::kDataBytes;
+      if (blk.rows.template tile_contiguous<BN>())
+        mx_issue_scale_window<BN, T::kThreads>(p.kv_scales, p.kv_scales_stride, p.total_kv, blk.rows.row(tok0, page_bad),
+                                               min(BN, tok_end - tok0), dst + MxStage<BN>::kDataBytes, win, threadIdx.x);
+      else
+        mx_issue_scale_rows<BN, T::kThreads>(p.kv_scales, p.kv_scales_stride, blk.rows, tok0, min(BN, tok_end - tok0), win,
+                                             threadIdx.x, page_bad);
+    }
+  };
+
+  Kv kv;
+  kv.clear();
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // rows g and g+8
+
+#pragma unroll
+  for (int s = 0; s < ST - 1; ++s) {
+    if (s < ntiles) issue_tile(s, s);
+    cp_async_commit();
+  }
+  // The query after the KV prologue; its words are loaded before an fp8 q quantized here waits
+  // for its pre-pass (q is an input of the call, not a result of the pre-pass).
+  kv.load_q(p, blk, warp, g, t);
+  kv.setup_q(p, blk);
+
+  for (int it = 0; it < ntiles; ++it) {
+    cp_async_wait<ST - 2>();
+    __syncthreads();  // tile `it` landed for all; every warp is done with tile it-1
+    if (it + ST - 1 < ntiles) issue_tile(it + ST - 1, (it + ST - 1) % ST);
+    cp_async_commit();
+    const int tok0 = tok_begin + it * BN;
+    const uint32_t tile = kv.operand_tile(smem_kv + (it % ST) * T::kStageBytes, smem + (it % ST) * T::kStageBytes, dec, p,
+                                          blk.rows, tok0, tok_end - tok0, page_bad);
+
+    float s[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+    kv.scores(s, tile, warp, lane);
+
+    float alpha[2];
+    const int valid[2] = {min(tok_end, blk.qr.key_end(g)) - tok0, min(tok_end, blk.qr.key_end(g + 8)) - tok0};  // rows g, g + 8's keys
+    softmax_tile<T, Shape::kRowsEndEarly>(s, red, warp, lane, valid, kv.s_scale, m, l, alpha);
+    kv.rescale(alpha);
+    kv.accumulate(s, tile, warp, g, t);
+  }
   cp_async_wait<0>();
   const bool bad = blk.rows.block_any_bad(p, page_bad) || blk.seq.bad;
 
@@ -476,13 +490,7 @@ MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
   write_rows(p, blk.qr, splits, [&](const auto& out) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float inv = out.scale(l[r], 1.f, bad);
-      const auto dst = out.row(g + 8 * r);
-#pragma unroll
-      for (int n = 0; n < 16; ++n) {
-        const float v[2] = {o[n][2 * r] * inv, o[n][2 * r + 1] * inv};
-        dst.put(warp * T::kVDimsPerWarp + 8 * n + 2 * t, v);
-      }
+      kv.store(out.row(g + 8 * r), r, out.scale(l[r], kv.o_scale, bad), warp, t);
       if (warp == 0 && t == 0) out.state(g + 8 * r, m[r], l[r], bad);
     }
   });
@@ -567,14 +575,12 @@ template <class T, class Shape>
 MLAGEN_DEVICE void mla_decode_block(const Params& p) {
   extern __shared__ __align__(128) uint8_t smem[];
   static_assert(!RowsBody<T>::value, "the rows body is mla_decode_rows_block (it takes the KV tensor maps too)");
-  if constexpr (T::kBody == Body::kMmaWide)
-    decode_wide<T, Shape>(p, smem);
-  else if constexpr (T::kBody == Body::kSm90WgmmaBf16)
+  if constexpr (T::kBody == Body::kSm90WgmmaBf16)
     decode_wgmma_bf16<T, Shape>(p, smem);
   else if constexpr (T::kBody == Body::kSm90Wgmma)
     decode_wgmma<T, Shape>(p, smem);
   else
-    decode_fp8<T, Shape>(p, smem);
+    decode_mma<T, Shape>(p, smem);
   if (Shape::splits(p) > 1 && p.merge_in_launch) merge_in_launch<T, Shape>(p);
 }
 
