@@ -148,7 +148,8 @@ struct MmaFp8Kv {
   static constexpr int NT = T::kNTiles, C = T::kQkChunksPerWarp, W = MLAGEN_WARP_SIZE;
   static constexpr int kRowPitch = T::kRowBytes;
   float o[4][4][4];  // [32-dim group i][n8 tile j][fragment]: dims warp*128 + 32i + 8t .. +7 (see store)
-  uint2 q_raw[C][2];
+  static constexpr int kQWords = 1;  // 4-dim q loads a row and chunk
+  uint2 q_raw[C][2][kQWords];
   uint32_t qf[C][4];
   int q_shift = 0;  // a bf16 q beyond f16's range: f16_q_shift (this warp's slice)
   float s_unshift = 1.f, s_scale = 0.f, o_scale = 0.f;
@@ -163,14 +164,8 @@ struct MmaFp8Kv {
   }
   static constexpr int kCopyUnroll = T::kCopiesPerThread;  // the tile's copies unrolled (decode_mma copy_tile)
   static constexpr bool kClampRows = false;
-  template <class Shape>
-  MLAGEN_DEVICE void load_q(const Params& p, const BlockSetup<Shape>& blk, int warp, int g, int t) {
-#pragma unroll
-    for (int c = 0; c < C; ++c)
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-        q_raw[c][r] = load_q4_raw<T::kQ>(p, blk.qr.token(g + 8 * r), blk.qr.head(g + 8 * r), (warp * C + c) * 16 + 4 * t);
-  }
+  // a lane's q words: dims 4t .. 4t+3 of each 16-dim chunk (the k order above)
+  MLAGEN_DEVICE static int q_dim(int c16, int, int t) { return c16 + 4 * t; }
   template <class Shape>
   MLAGEN_DEVICE void setup_q(const Params& p, const BlockSetup<Shape>& blk) {
     const float kv_scale = kv_scale_of(p);
@@ -181,7 +176,7 @@ struct MmaFp8Kv {
 #pragma unroll
       for (int c = 0; c < C; ++c)
 #pragma unroll
-        for (int r = 0; r < 2; ++r) a = fmaxf(a, absmax4(q4_from_raw<T::kQ>(qq, q_raw[c][r])));
+        for (int r = 0; r < 2; ++r) a = fmaxf(a, absmax4(q4_from_raw<T::kQ>(qq, q_raw[c][r][0])));
       q_shift = f16_q_shift(a);
     }
     const float q_mul = pow2i(-q_shift);
@@ -191,7 +186,7 @@ struct MmaFp8Kv {
     for (int c = 0; c < C; ++c) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const float4 v = q4_from_raw<T::kQ>(qq, q_raw[c][r]);
+        const float4 v = q4_from_raw<T::kQ>(qq, q_raw[c][r][0]);
         qf[c][r] = pack_f16x2(v.x * q_mul, v.y * q_mul);
         qf[c][r + 2] = pack_f16x2(v.z * q_mul, v.w * q_mul);
       }
@@ -275,7 +270,8 @@ struct MmaWideKv {
   static constexpr bool kMx = T::kKv == KvFormat::kMxfp4;
   static constexpr int kRowPitch = kMx ? kMxRowBytes : T::kRowBytes;  // a stage's rows
   float o[16][4];  // n8 tile n: dims warp*128 + 8n + 2t, +1 of rows g ([0], [1]) and g+8 ([2], [3])
-  uint2 q_raw[C][2][2];
+  static constexpr int kQWords = 2;
+  uint2 q_raw[C][2][kQWords];
   uint32_t qf[C][4];
   float s_scale = 0.f, o_scale = 1.f;
 
@@ -287,19 +283,9 @@ struct MmaWideKv {
   // registers (unrolled, the kernel spilled at 255 registers)
   static constexpr int kCopyUnroll = 2;
   static constexpr bool kClampRows = true;
-  // two 4-dim loads a row cover dims 2t..2t+1 and 2t+8..2t+9 (and their neighbours) of each
-  // 16-dim chunk
-  template <class Shape>
-  MLAGEN_DEVICE void load_q(const Params& p, const BlockSetup<Shape>& blk, int warp, int g, int t) {
-#pragma unroll
-    for (int c = 0; c < C; ++c)
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-#pragma unroll
-        for (int hl = 0; hl < 2; ++hl)
-          q_raw[c][r][hl] = load_q4_raw<T::kQ>(p, blk.qr.token(g + 8 * r), blk.qr.head(g + 8 * r),
-                                               (warp * C + c) * 16 + 8 * hl + 4 * (t >> 1));
-  }
+  // two 4-dim loads a row and chunk cover dims 2t..2t+1 and 2t+8..2t+9 (and their neighbours) of
+  // each 16-dim chunk
+  MLAGEN_DEVICE static int q_dim(int c16, int hl, int t) { return c16 + 8 * hl + 4 * (t >> 1); }
   // Q as bf16 A fragments, natural k order: a[0] = Q[g][2t, 2t+1], a[1] = Q[g+8][2t, 2t+1],
   // a[2] = Q[g][2t+8, 2t+9], a[3] = Q[g+8][2t+8, 2t+9] of each 16-dim chunk.
   template <class Shape>
@@ -459,7 +445,14 @@ MLAGEN_DEVICE void decode_mma(const Params& p, uint8_t* smem) {
   }
   // The query after the KV prologue; its words are loaded before an fp8 q quantized here waits
   // for its pre-pass (q is an input of the call, not a result of the pre-pass).
-  kv.load_q(p, blk, warp, g, t);
+#pragma unroll
+  for (int c = 0; c < T::kQkChunksPerWarp; ++c)
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int hl = 0; hl < Kv::kQWords; ++hl)
+        kv.q_raw[c][r][hl] = load_q4_raw<T::kQ>(p, blk.qr.token(g + 8 * r), blk.qr.head(g + 8 * r),
+                                                Kv::q_dim((warp * T::kQkChunksPerWarp + c) * 16, hl, t));
   kv.setup_q(p, blk);
 
   for (int it = 0; it < ntiles; ++it) {
