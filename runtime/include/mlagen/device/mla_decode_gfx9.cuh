@@ -23,8 +23,9 @@
 //               once per tile) feed bf16 MFMA; P is rounded to bf16.
 // A policy answers: its LDS plan (kLdsTiles stages of kStageBytes, kDecodedBytes of expanded
 // tile), the query as the B operand of S^T (q_operands), a tile in flight through registers
-// (InFlight: load, store), the tile the products read (expand), the two products' A operands
-// (scores, accumulate_pv), when the tile may be overwritten (release) and the factors of S
+// (InFlight: load, store), the tile the products read (expand), this wave's S^T (scores), the
+// PV operands (p_operand; VRaw, transpose_v, a_operand: the loop is the body's
+// accumulate_pv), when the tile may be overwritten (release) and the per-tensor factors of S
 // and O (scales). The query is bf16, or fp8 with a per-tensor scale folded into S.
 // Split-range, online-softmax, LSE and combine formulas come from mla_common.cuh; the tile
 // loaders ask kv_rows.cuh where a token's row is (contiguous or paged KV).
@@ -104,8 +105,9 @@ struct RowChunks {
 };
 
 // ---- fp8 KV ---------------------------------------------------------------------------------
-// Two LDS stages of padded rows (G::kRowBytes): tile it is stored into stage it & 1, last read
-// in tile it - 2, so one barrier a tile publishes the tile and frees nothing else.
+// Two LDS stages of padded rows (G::kRowBytes): tile it is stored into stage it & 1, which
+// every wave finished reading in tile it - 2, so the barrier after the store is the only one
+// the pipeline needs.
 //   S^T: A = K[token][dims]: lane (i, j) reads 4 bytes (dims 16c + 4j .. +3 of this wave's
 //        chunk c) of token i of each m16 tile, decoded to f16.
 //   O^T: A = V^T: lane (i, j) reads 4 bytes (dims 4i..4i+3 of a 64-dim block) of tokens
@@ -187,30 +189,16 @@ struct Gfx9Fp8Kv {
     }
   }
 
-  // O^T += V^T P^T over this wave's 128 dims, 32 tokens (two m16 tiles) a step; P as f16.
-  MLAGEN_DEVICE static void accumulate_pv(const uint8_t* tile, const gfx9::f32x4 (&s)[kMTiles], int wave, int i, int j,
-                                          OTile& o) {
-    using namespace gfx9;
-#pragma unroll
-    for (int kc = 0; kc < kMTiles / 2; ++kc) {
-      const f16x4 b_lo = f32x4_to_f16x4(s[2 * kc][0], s[2 * kc][1], s[2 * kc][2], s[2 * kc][3]);
-      const f16x4 b_hi = f32x4_to_f16x4(s[2 * kc + 1][0], s[2 * kc + 1][1], s[2 * kc + 1][2], s[2 * kc + 1][3]);
-#pragma unroll
-      for (int blk = 0; blk < 2; ++blk) {
-        const uint8_t* vcol = tile + (32 * kc + 4 * j) * kRowBytes + wave * G::kVDimsPerWarp + blk * 64 + 4 * i;
-        uint32_t wl[4], wh[4], tl[4], th[4];
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          wl[r] = lds32(vcol + r * kRowBytes);
-          wh[r] = lds32(vcol + (16 + r) * kRowBytes);
-        }
-        transpose4x4(wl, tl);
-        transpose4x4(wh, th);
-#pragma unroll
-        for (int u = 0; u < 4; ++u) mfma_k32(o[blk][u], fp8x4_to_f16x4(tl[u]), fp8x4_to_f16x4(th[u]), b_lo, b_hi);
-      }
-    }
-  }
+  // The PV operands: P^T (B) as f16; V^T (A) of dims 4i..4i+3: a token's 4 bytes of them
+  // (VRaw) for 4 tokens, byte-transposed (transpose_v: word u holds dim 4i+u of the 4 tokens),
+  // decoded to f16 as each MFMA takes it (a_operand).
+  using Operand = gfx9::f16x4;
+  using VRaw = uint32_t;
+  using VWord = uint32_t;
+  static constexpr int kElemBytes = 1;
+  MLAGEN_DEVICE static Operand p_operand(const gfx9::f32x4& pt) { return gfx9::f32x4_to_f16x4(pt[0], pt[1], pt[2], pt[3]); }
+  MLAGEN_DEVICE static void transpose_v(const VRaw (&w)[4], VWord (&t)[4]) { transpose4x4(w, t); }
+  MLAGEN_DEVICE static Operand a_operand(VWord w) { return gfx9::fp8x4_to_f16x4(w); }
 };
 
 // ---- mxfp4 scale bytes on their way to LDS (Gfx9WideKv) ---------------------------------
@@ -388,34 +376,20 @@ struct Gfx9WideKv {
     }
   }
 
-  // O^T += V^T P^T over this wave's 128 dims, 32 tokens (two m16 tiles) a step; P as bf16.
-  MLAGEN_DEVICE static void accumulate_pv(const uint8_t* tile, const gfx9::f32x4 (&s)[kMTiles], int wave, int i, int j,
-                                          OTile& o) {
-    using namespace gfx9;
-#pragma unroll
-    for (int kc = 0; kc < kMTiles / 2; ++kc) {
-      const bf16x4 b_lo = f32x4_to_bf16x4(s[2 * kc][0], s[2 * kc][1], s[2 * kc][2], s[2 * kc][3]);
-      const bf16x4 b_hi = f32x4_to_bf16x4(s[2 * kc + 1][0], s[2 * kc + 1][1], s[2 * kc + 1][2], s[2 * kc + 1][3]);
-#pragma unroll
-      for (int blk = 0; blk < 2; ++blk) {
-        const uint8_t* vcol = tile + (32 * kc + 4 * j) * kRowBytes + 2 * (wave * G::kVDimsPerWarp + blk * 64 + 4 * i);
-        uint2 wl[4], wh[4];
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          wl[r] = *reinterpret_cast<const uint2*>(vcol + r * kRowBytes);
-          wh[r] = *reinterpret_cast<const uint2*>(vcol + (16 + r) * kRowBytes);
-        }
-        bf16x4 al[4], ah[4];
-        transpose4x4_b16(wl, al);
-        transpose4x4_b16(wh, ah);
-#pragma unroll
-        for (int u = 0; u < 4; ++u) mfma_k32(o[blk][u], al[u], ah[u], b_lo, b_hi);
-      }
-    }
-  }
+  // The PV operands: P^T (B) rounded to bf16; V^T (A) of dims 4i..4i+3: a token's 8 bytes of
+  // them (VRaw) for 4 tokens, 16-bit transposed (transpose_v: operand u holds dim 4i+u).
+  using Operand = gfx9::bf16x4;
+  using VRaw = uint2;
+  using VWord = gfx9::bf16x4;
+  static constexpr int kElemBytes = 2;
+  MLAGEN_DEVICE static Operand p_operand(const gfx9::f32x4& pt) { return gfx9::f32x4_to_bf16x4(pt[0], pt[1], pt[2], pt[3]); }
+  MLAGEN_DEVICE static void transpose_v(const VRaw (&w)[4], VWord (&t)[4]) { gfx9::transpose4x4_b16(w, t); }
+  MLAGEN_DEVICE static Operand a_operand(VWord w) { return w; }
 };
 
 // ---- the body -------------------------------------------------------------------------------
+// A gfx9 kernel (codegen's Tiling<block_n, stages, kv, q>): the geometry every format shares,
+// the format's policy (Kv) and the block's LDS.
 template <int kBlockN_, int kStages_, KvFormat kKv_, QFormat kQ_>
 struct Tiling {
   using G = TileGeometry<kBlockN_, kStages_, /*waves=*/4>;  // tokens a tile; each wave's QK and V dims
@@ -479,6 +453,37 @@ MLAGEN_DEVICE void softmax_tile(gfx9::f32x4 (&s)[T::kMTiles], gfx9::f32x4* red, 
   for (int blk = 0; blk < 2; ++blk)
 #pragma unroll
     for (int u = 0; u < 4; ++u) o[blk][u] *= alpha;
+}
+
+// O^T += V^T P^T over this wave's 128 dims, 32 tokens (two m16 tiles) a step: A = V^T, lane
+// (i, j) reads dims 4i..4i+3 of a 64-dim block (Kv::VRaw) of tokens 4j..4j+3 (lo) and
+// 16+4j..16+4j+3 (hi) of the step and transposes them (Kv::transpose_v, Kv::a_operand); B =
+// P^T straight from the S^T accumulators (Kv::p_operand).
+template <class T>
+MLAGEN_DEVICE void accumulate_pv(const uint8_t* tile, const gfx9::f32x4 (&s)[T::kMTiles], int wave, int i, int j,
+                                 OTile& o) {
+  using Kv = typename T::Kv;
+  using Raw = typename Kv::VRaw;
+  constexpr int RB = Kv::kRowBytes;
+#pragma unroll
+  for (int kc = 0; kc < T::kMTiles / 2; ++kc) {
+    const typename Kv::Operand b_lo = Kv::p_operand(s[2 * kc]), b_hi = Kv::p_operand(s[2 * kc + 1]);
+#pragma unroll
+    for (int blk = 0; blk < 2; ++blk) {
+      const uint8_t* vcol = tile + (32 * kc + 4 * j) * RB + Kv::kElemBytes * (wave * T::kVDimsPerWarp + blk * 64 + 4 * i);
+      Raw wl[4], wh[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        wl[r] = *reinterpret_cast<const Raw*>(vcol + r * RB);
+        wh[r] = *reinterpret_cast<const Raw*>(vcol + (16 + r) * RB);
+      }
+      typename Kv::VWord a_lo[4], a_hi[4];
+      Kv::transpose_v(wl, a_lo);
+      Kv::transpose_v(wh, a_hi);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) gfx9::mfma_k32(o[blk][u], Kv::a_operand(a_lo[u]), Kv::a_operand(a_hi[u]), b_lo, b_hi);
+    }
+  }
 }
 
 // Lane (i, j) holds query row i, dims wave*128 + 64*blk + 16j + (4r + u) = o[blk][u][r]: the
@@ -564,7 +569,7 @@ MLAGEN_DEVICE void decode_gfx9(const Params& p, uint8_t* smem) {
     f32x4 s[MT];
     Kv::scores(tile, q, wave, i, j, s);
     softmax_tile<T, kEarly>(s, red, wave, lane, row_end - tok0_of(it), s_scale, m, l, o);
-    Kv::accumulate_pv(tile, s, wave, i, j, o);
+    accumulate_pv<T>(tile, s, wave, i, j, o);
     Kv::release();
   }
 
