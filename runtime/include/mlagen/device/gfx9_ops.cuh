@@ -191,6 +191,27 @@ MLAGEN_DEVICE bool wave_any(bool pred) { return __builtin_amdgcn_ballot_w64(pred
 
 MLAGEN_DEVICE uint32_t lds32(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
+// The online softmax's first step on S^T fragments in the 16x16 accumulator layout (s[mt]:
+// 4 tokens of query row i in lane (i, j)): scales them (into the log2 domain), sets the tokens
+// at or past `valid` to -inf, and returns row i's max over the tile in every lane of the row
+// (the 4 lane groups j). token(mt, r): the tile token s[mt][r] holds in this lane (the bodies
+// order their K rows differently).
+template <int MT, class Token>
+MLAGEN_DEVICE float scaled_masked_max(f32x4 (&s)[MT], float scale, int valid, Token token) {
+  float mx = -INFINITY;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const float v = token(mt, r) < valid ? s[mt][r] * scale : -INFINITY;
+      s[mt][r] = v;
+      mx = fmaxf(mx, v);
+    }
+  mx = fmaxf(mx, __shfl_xor(mx, 16));
+  mx = fmaxf(mx, __shfl_xor(mx, 32));
+  return mx;
+}
+
 // 4x4 transpose of 16-bit elements: w[r] holds elements 0..3 of row r (element 0 in the low
 // half of w[r].x); out[u] = element u of rows 0..3, row 0 lowest.
 MLAGEN_DEVICE void transpose4x4_b16(const uint2 (&w)[4], bf16x4 (&out)[4]) {

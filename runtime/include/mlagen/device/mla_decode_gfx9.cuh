@@ -11,63 +11,34 @@
 //   O^T += V^T P^T : wave w owns the 128 output dims [128w, 128w+128). The S^T
 //                 accumulator layout (lane (i,j) holds tokens 4j..4j+3 of head i) is
 //                 exactly the P^T B-operand layout, so P never leaves registers.
-// Two bodies share that structure (formats.cuh says which KV format takes which):
-//   fp8 path : MFMA on AMD has no fp8 x f16 form, so K and V bytes are decoded to f16 in
-//              registers (exact), with the arch's fp8 flavour (gfx942 e4m3fnuz, gfx950
-//              e4m3fn); the per-tensor KV scale is applied to S and O in fp32.
-//   wide path: bf16 rows (bf16 KV as stored, or mxfp4 dequantized into a bf16 tile in LDS
-//              once per tile) feed bf16 MFMA; P is rounded to bf16.
-// The query is bf16, or fp8 with a per-tensor scale folded into S. Split-range,
-// online-softmax, LSE and combine formulas come from mla_common.cuh; the tile loaders ask
-// kv_rows.cuh where a token's row is (contiguous or paged KV).
 //
-// Pipeline (v1): a tile is loaded into registers while the previous one is computed
-// from LDS, then stored to LDS (kStages must be 2: one tile in registers, one in LDS).
-// fp8 uses 2 LDS buffers; the wide path one (see decode_wide).
+// One body (decode_gfx9) runs that algorithm for every KV format: the prologue (formats.cuh
+// block_setup, the query, the scales), the tile pipeline, the softmax step and the epilogue
+// (the bf16 row and its LSE, or the split's partial). What a format changes is its policy,
+// T::Kv (formats.cuh KvTraits says which format takes which):
+//   Gfx9Fp8Kv : MFMA on AMD has no fp8 x f16 form, so K and V bytes are decoded to f16 in
+//               registers (exact), with the arch's fp8 flavour (gfx942 e4m3fnuz, gfx950
+//               e4m3fn); the per-tensor KV scale is applied to S and O in fp32.
+//   Gfx9WideKv: bf16 rows (bf16 KV as stored, or mxfp4 dequantized into a bf16 tile in LDS
+//               once per tile) feed bf16 MFMA; P is rounded to bf16.
+// A policy answers: its LDS plan (kLdsTiles stages of kStageBytes, kDecodedBytes of expanded
+// tile), the query as the B operand of S^T (q_operands), a tile in flight through registers
+// (InFlight: load, store), the tile the products read (expand), this wave's S^T (scores), the
+// PV operands (p_operand; VRaw, transpose_v, a_operand: the loop is the body's
+// accumulate_pv), when the tile may be overwritten (release) and the per-tensor factors of S
+// and O (scales). The query is bf16, or fp8 with a per-tensor scale folded into S.
+// Split-range, online-softmax, LSE and combine formulas come from mla_common.cuh; the tile
+// loaders ask kv_rows.cuh where a token's row is (contiguous or paged KV).
+//
+// Pipeline: a tile is loaded into registers while the previous one is computed from LDS,
+// then stored to LDS (kStages must be 2: one tile in registers, one in LDS). fp8 stores into
+// the other of 2 LDS stages; the wide formats have one (see Gfx9WideKv).
 #pragma once
 #include "mlagen/device/formats.cuh"
 #include "mlagen/device/mla_decode_gfx950_fp8.cuh"  // gfx950 fp8 KV: the native fp8 body
 
 #if defined(MLAGEN_AMD)
 namespace mlagen::device {
-
-template <int kBlockN_, int kStages_, KvFormat kKv_, QFormat kQ_>
-struct Tiling : TileGeometry<kBlockN_, kStages_, /*waves=*/4> {
-  using G = TileGeometry<kBlockN_, kStages_, 4>;
-  static constexpr KvFormat kKv = kKv_;
-  static constexpr QFormat kQ = kQ_;
-  template <QFormat Q>
-  using WithQ = Tiling<kBlockN_, kStages_, kKv_, Q>;  // the same kernel for another q route
-  static constexpr bool kWide = KvTraits<kKv>::kWide;
-  static constexpr float kVUnit = kWide ? 1.f : kVDecodeScale;  // the combine's partial-O unit
-  static constexpr bool kMx = kKv == KvFormat::kMxfp4;
-  static constexpr bool kNative = false;  // true only for NativeFp8Tiling (mla_decode_gfx950_fp8.cuh)
-  // fp8 path: rows of 576 bytes (+16 pad, G::kRowBytes). Wide path: bf16 rows of 1152 bytes
-  // + 16 pad (73 x 16 bytes; 1168 = 16 mod 128, with 32 banks of 4 bytes): the 8 rows that
-  // 8 lanes of an S^T ds_read_b128 touch start 16 bytes apart in the banks, and the V^T
-  // ds_read_b64 of lanes j and j+1 (rows 4 apart, 64 bytes apart) cover every bank twice.
-  static constexpr int kWideRowBytes = 2 * kQkDim + 16;
-  static constexpr int kRowBytes = kWide ? kWideRowBytes : G::kRowBytes;
-  static constexpr int kChunksPerRow = KvTraits<kKv>::kRowDataBytes / 16;  // 16-byte loads a row
-  static constexpr int kChunksPerTile = G::kBlockN * kChunksPerRow;
-  static constexpr int kCopiesPerThread = (kChunksPerTile + G::kThreads - 1) / G::kThreads;
-  // LDS: fp8 = 2 tiles; bf16 = 1 tile (two are 73 KB: over gfx942's 64 KB); mxfp4 = 1
-  // MxStage (packed rows + scale window) + the dequantized bf16 tile. Then the S^T
-  // reduction buffer. The same on both arches (the host pass sees no arch).
-  static constexpr int kLdsTiles = kWide ? 1 : 2;
-  static constexpr int kStageBytes = kMx ? MxStage<G::kBlockN>::kBytes : G::kBlockN * kRowBytes;
-  static constexpr int kDecodedBytes = kMx ? G::kBlockN * kWideRowBytes : 0;
-  static constexpr int kMTiles = G::kBlockN / 16;  // m16 MFMA tiles per KV tile
-  static constexpr int kRedBytes = G::kWarps * kMTiles * MLAGEN_WARP_SIZE * 16;
-  static constexpr int kSmemBytes = kLdsTiles * kStageBytes + kDecodedBytes + kRedBytes;
-  static constexpr int kMinBlocksPerSm = 1;
-  static_assert(MLAGEN_WARP_SIZE == 64, "gfx9 kernel: 64-lane wavefronts");
-  static_assert(G::kStages == 2, "gfx9 kernel v1: register-staged double buffering (stages = 2)");
-  static_assert(G::kBlockN % 32 == 0, "kBlockN: pairs of m16 tiles feed the k32 PV MFMA");
-  static_assert(!kMx || MxStage<G::kBlockN>::kScaleChunks <= G::kThreads, "one scale chunk a thread at most");
-  static_assert(kStageBytes % 16 == 0 && kDecodedBytes % 16 == 0, "16-byte aligned LDS regions");
-  static_assert(kSmemBytes <= gfx9::kLdsBytes, "LDS over the arch's limit: smaller block_n");
-};
 
 // Token t's KV row: contiguous KV as before paging, from the sequence's first row `kv` (kept
 // out of the loop: the contiguous kernels' loads stay what they were), paged KV through
@@ -77,239 +48,160 @@ MLAGEN_DEVICE const uint8_t* kv_row(const Rows& rows, const uint8_t* kv, int64_t
   return rows.paged() ? rows.ptr(t, bad) : kv + static_cast<int64_t>(t) * stride;
 }
 
-// ---- fp8 path ---------------------------------------------------------------------------
-// Sums the 4 waves' partial S^T tiles through LDS, masks tokens past `valid` (this lane's row's
-// keys in the tile) and takes the online-softmax step for row i (log2 domain). On return s holds
-// the unnormalized P^T, m / l are updated (l: this lane's share) and O is rescaled to the new
-// running max. kEarly (Shape::kRowsEndEarly): a row may have seen no key yet (all -inf): alpha 1
-// and P 0 through step_base; else the unguarded step of one-token shapes (mla_common.cuh).
-template <class T, bool kEarly>
-MLAGEN_DEVICE void softmax_tile(gfx9::f32x4 (&s)[T::kMTiles], gfx9::f32x4* red, int wave, int lane, int valid,
-                                float s_scale, float& m, float& l, gfx9::f32x4 (&o)[2][4]) {
-  constexpr int MT = T::kMTiles, W = MLAGEN_WARP_SIZE;
-  const int j = lane >> 4;
+// Where a block's KV tiles come from: the sequence's rows (contiguous from `kv`, else through
+// `rows`), up to the split's end; the scale tensor (mxfp4) is read from `p`.
+template <class Rows>
+struct KvSource {
+  const Params& p;
+  const Rows& rows;
+  const uint8_t* kv;  // contiguous KV: the sequence's first row
+  int tok_end;        // the split's end
+};
+
+// What a format's S and O are multiplied by in fp32 (its per-tensor scales).
+struct KvScales {
+  float s, o;
+};
+
+// O^T of one wave, every format alike: [64-dim block][tile u]; tile u maps its row m to dim
+// 4m + u of the block, so lane (i, j) ends with dims 16j .. 16j+15 of each block for head i:
+// dim wave*128 + 64*blk + 16j + (4r + u) = o[blk][u][r].
+using OTile = gfx9::f32x4[2][4];
+
+// A tile of kBlockN KV rows of kRowDataBytes in flight through registers: thread tid holds
+// the tile's 16-byte chunks c = tid + kThreads k (row c / kChunksPerRow, chunk c %
+// kChunksPerRow); rows past the split's end hold zeros.
+template <class G, int kRowDataBytes>
+struct RowChunks {
+  static constexpr int kChunksPerRow = kRowDataBytes / 16;
+  static constexpr int kChunksPerTile = G::kBlockN * kChunksPerRow;
+  static constexpr int kPerThread = (kChunksPerTile + G::kThreads - 1) / G::kThreads;
+  uint4 v[kPerThread];
+
+  // chunk idx is one of the tile's (always, when the chunks are a whole number a thread)
+  MLAGEN_DEVICE static bool in_tile(int idx) { return kChunksPerTile % G::kThreads == 0 || idx < kChunksPerTile; }
+  template <class Rows>
+  MLAGEN_DEVICE void load(const KvSource<Rows>& src, int tok0, bool& bad) {
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) red[(wave * MT + mt) * W + lane] = s[mt];
-  __syncthreads();
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-    gfx9::f32x4 a = red[mt * W + lane];
-#pragma unroll
-    for (int w = 1; w < T::kWarps; ++w) a += red[(w * MT + mt) * W + lane];
-    s[mt] = a;
-  }
-  float mx = -INFINITY;
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const float v = 16 * mt + 4 * j + r < valid ? s[mt][r] * s_scale : -INFINITY;
-      s[mt][r] = v;
-      mx = fmaxf(mx, v);
+    for (int k = 0; k < kPerThread; ++k) {
+      const int idx = threadIdx.x + k * G::kThreads;
+      const int row = idx / kChunksPerRow, col = idx % kChunksPerRow;
+      const bool ok = in_tile(idx) && tok0 + row < src.tok_end;
+      v[k] = ok ? *reinterpret_cast<const uint4*>(kv_row(src.rows, src.kv, src.p.kv_stride_bytes, tok0 + row, bad) +
+                                                  col * 16)
+                : make_uint4(0u, 0u, 0u, 0u);
     }
-  mx = fmaxf(mx, __shfl_xor(mx, 16));
-  mx = fmaxf(mx, __shfl_xor(mx, 32));
-  const float alpha = online_step<kEarly>(m, mx);
-  const float base = step_base<kEarly>(m);
-  float lsum = 0.f;
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      s[mt][r] = fast_exp2(s[mt][r] - base);
-      lsum += s[mt][r];
-    }
-  l = l * alpha + lsum;
-#pragma unroll
-  for (int blk = 0; blk < 2; ++blk)
-#pragma unroll
-    for (int u = 0; u < 4; ++u) o[blk][u] *= alpha;
-}
-
-// Lane (i, j) holds query row i, dims wave*128 + 64*blk + 16j + (4r + u) = o[blk][u][r]: the
-// bf16 output and its LSE (one split; at the row's (token, head), padding rows not at all) or
-// the split's partial (O, m, l) at part row qr.part(i). l: this lane's share; m is the same in
-// every lane of row i (every wave takes the same softmax step). bad: the block's verdict
-// (block_any_bad), NaN output.
-template <class T>
-MLAGEN_DEVICE void write_result(const Params& p, const gfx9::f32x4 (&o)[2][4], float m, float l, float o_scale,
-                                const QueryRows& qr, bool bad, int splits, int wave, int lane) {
-  const int i = lane & 15, j = lane >> 4;
-  l += __shfl_xor(l, 16);
-  l += __shfl_xor(l, 32);
-  if (splits == 1) {
-    if (!qr.owns(i)) return;  // a padding row
-    const float inv = out_scale(l, o_scale, bad);
-    const int64_t tok = qr.token(i);
-    const int head = qr.head(i);
-    if (wave == 0 && j == 0) store_lse(p, tok, head, m, l, bad);
-    uint16_t* out = p.out + tok * p.out_stride_token + head * p.out_stride_head + wave * T::kVDimsPerWarp + 16 * j;
-#pragma unroll
-    for (int blk = 0; blk < 2; ++blk) {
-      uint32_t w[8];
-#pragma unroll
-      for (int e = 0; e < 16; e += 2)
-        w[e / 2] = pack_bf16x2(o[blk][e % 4][e / 4] * inv, o[blk][(e + 1) % 4][(e + 1) / 4] * inv);
-      reinterpret_cast<uint4*>(out + 64 * blk)[0] = make_uint4(w[0], w[1], w[2], w[3]);
-      reinterpret_cast<uint4*>(out + 64 * blk)[1] = make_uint4(w[4], w[5], w[6], w[7]);
-    }
-  } else {
-    float* po = p.part_o + qr.part(i) * kVDim + wave * T::kVDimsPerWarp + 16 * j;
-#pragma unroll
-    for (int blk = 0; blk < 2; ++blk)
-#pragma unroll
-      for (int e = 0; e < 16; e += 4)
-        *reinterpret_cast<float4*>(po + 64 * blk + e) =
-            make_float4(o[blk][0][e / 4], o[blk][1][e / 4], o[blk][2][e / 4], o[blk][3][e / 4]);
-    if (wave == 0 && j == 0) p.part_ml[qr.part(i)] = split_state(m, l, bad);
   }
-}
-
-template <class T, class Shape>
-MLAGEN_DEVICE void decode_fp8(const Params& p, uint8_t* smem) {
-  using namespace gfx9;
-  constexpr int BN = T::kBlockN, MT = T::kMTiles, QC = T::kQkChunksPerWarp;
-  f32x4* red = reinterpret_cast<f32x4*>(smem + 2 * T::kStageBytes);
-
-  const int wave = threadIdx.x / MLAGEN_WARP_SIZE, lane = threadIdx.x % MLAGEN_WARP_SIZE;
-  const int i = lane & 15, j = lane >> 4;  // MFMA lane coordinates: query row i of the block
-  constexpr bool kEarly = Shape::kRowsEndEarly;  // causal rows that may see no key of a tile
-  const BlockSetup<Shape> blk = block_setup<T, Shape, BN>(p);  // the prologue every body shares (formats.cuh)
-  const int splits = blk.splits, ntiles = blk.range.ntiles,
-            tok_begin = blk.range.tok_begin, tok_end = blk.range.tok_end;
-  const int64_t q_tok = blk.qr.token(i);  // row i's q
-  const int q_head = blk.qr.head(i);
-  // row i's keys end here (causal; the split's end when no row ends early)
-  const int row_end = kEarly ? min(tok_end, blk.qr.key_end(i)) : tok_end;
-  bool page_bad = false;  // a page id outside the cache (kv_rows.cuh)
-  const uint8_t* kv = p.kv + blk.seq.kv_begin * p.kv_stride_bytes;  // contiguous KV: the sequence's first row
-  const float kv_scale = kv_scale_of(p);
-  const QQuant qq = q_setup<T::kQ>(p, blk.q_given);
-  int q_shift = 0;  // a bf16 q beyond f16's range: f16_q_shift (this wave's slice)
-  if constexpr (T::kQ == QFormat::kBf16) {
-    float a = 0.f;
+  MLAGEN_DEVICE void store(uint8_t* stage, int pitch) const {
 #pragma unroll
-    for (int c = 0; c < QC; ++c) a = fmaxf(a, absmax4(load_q4<T::kQ>(p, qq, q_tok, q_head, (wave * QC + c) * 16 + 4 * j)));
-    q_shift = f16_q_shift(a);
-  }
-  const float q_mul = pow2i(-q_shift), s_unshift = pow2i(q_shift);
-  const float s_scale = kv_scale * qq.scale * kKDecodeScale * p.sm_scale * kLog2e;  // log2 domain
-  const float o_scale = kv_scale * kVDecodeScale;
-
-  // Q^T as the B operand of S^T = K Q^T: lane (i, j) holds head i, dims 4j..4j+3 of each
-  // of this wave's 16-dim chunks.
-  f16x4 qf[QC];
-#pragma unroll
-  for (int c = 0; c < QC; ++c) {
-    const float4 v = load_q4<T::kQ>(p, qq, q_tok, q_head, (wave * QC + c) * 16 + 4 * j);
-    qf[c] = f32x4_to_f16x4(v.x * q_mul, v.y * q_mul, v.z * q_mul, v.w * q_mul);
-  }
-
-  uint4 staged[T::kCopiesPerThread];
-  auto load_tile = [&](int tile) {
-    const int tok0 = tok_begin + tile * BN;
-#pragma unroll
-    for (int k = 0; k < T::kCopiesPerThread; ++k) {
-      const int idx = threadIdx.x + k * T::kThreads;
-      const int row = idx / T::kChunksPerRow, col = idx % T::kChunksPerRow;
-      const bool ok = idx < T::kChunksPerTile && tok0 + row < tok_end;
-      staged[k] = ok ? *reinterpret_cast<const uint4*>(kv_row(blk.rows, kv, p.kv_stride_bytes, tok0 + row, page_bad) +
-                                                       col * 16)
-                     : make_uint4(0u, 0u, 0u, 0u);
-    }
-  };
-  auto store_tile = [&](int buf) {
-#pragma unroll
-    for (int k = 0; k < T::kCopiesPerThread; ++k) {
-      const int idx = threadIdx.x + k * T::kThreads;
-      if (idx < T::kChunksPerTile) {
-        const int row = idx / T::kChunksPerRow, col = idx % T::kChunksPerRow;
-        *reinterpret_cast<uint4*>(smem + buf * T::kStageBytes + row * T::kRowBytes + col * 16) = staged[k];
+    for (int k = 0; k < kPerThread; ++k) {
+      const int idx = threadIdx.x + k * G::kThreads;
+      if (in_tile(idx)) {
+        const int row = idx / kChunksPerRow, col = idx % kChunksPerRow;
+        *reinterpret_cast<uint4*>(stage + row * pitch + col * 16) = v[k];
       }
     }
+  }
+};
+
+// ---- fp8 KV ---------------------------------------------------------------------------------
+// Two LDS stages of padded rows (G::kRowBytes): tile it is stored into stage it & 1, which
+// every wave finished reading in tile it - 2, so the barrier after the store is the only one
+// the pipeline needs.
+//   S^T: A = K[token][dims]: lane (i, j) reads 4 bytes (dims 16c + 4j .. +3 of this wave's
+//        chunk c) of token i of each m16 tile, decoded to f16.
+//   O^T: A = V^T: lane (i, j) reads 4 bytes (dims 4i..4i+3 of a 64-dim block) of tokens
+//        4j..4j+3 and 16+4j..16+4j+3 of the 32-token step and byte-transposes them: word u
+//        holds dim 4i+u.
+template <class G>
+struct Gfx9Fp8Kv {
+  static constexpr int kQC = G::kQkChunksPerWarp;  // 16-dim chunks of S^T a wave
+  static constexpr int kMTiles = G::kBlockN / 16;
+  static constexpr int kRowBytes = G::kRowBytes;
+  static constexpr int kLdsTiles = 2;
+  static constexpr int kStageBytes = G::kBlockN * kRowBytes;
+  static constexpr int kDecodedBytes = 0;
+  static constexpr float kVUnit = gfx9::kVDecodeScale;  // the combine's partial-O unit
+  using InFlight = RowChunks<G, KvTraits<KvFormat::kFp8>::kRowDataBytes>;
+
+  // Q^T as the B operand of S^T = K Q^T: lane (i, j) holds head i, dims 4j..4j+3 of each of
+  // this wave's 16-dim chunks. A bf16 q beyond f16's range is scaled by 2^-shift
+  // (f16_q_shift: this wave's slice) and the wave's S^T back by `unshift` = 2^shift.
+  struct Q {
+    gfx9::f16x4 b[kQC];
+    int shift;
+    float unshift;
   };
-
-  // O^T accumulators: [64-dim block][tile u]; tile u maps its row m to dim 4m + u of the
-  // block, so lane (i, j) ends with dims 16j .. 16j+15 of each block for head i.
-  f32x4 o[2][4];
+  template <QFormat QF>
+  MLAGEN_DEVICE static Q q_operands(const Params& p, const QQuant& qq, int64_t tok, int head, int wave, int j) {
+    Q q;
+    q.shift = 0;
+    if constexpr (QF == QFormat::kBf16) {
+      float a = 0.f;
 #pragma unroll
-  for (int blk = 0; blk < 2; ++blk)
+      for (int c = 0; c < kQC; ++c) a = fmaxf(a, absmax4(load_q4<QF>(p, qq, tok, head, (wave * kQC + c) * 16 + 4 * j)));
+      q.shift = f16_q_shift(a);
+    }
+    const float q_mul = pow2i(-q.shift);
+    q.unshift = pow2i(q.shift);
 #pragma unroll
-    for (int u = 0; u < 4; ++u) o[blk][u] = f32x4{0.f, 0.f, 0.f, 0.f};
-  float m = -INFINITY, l = 0.f;  // row i; l is this lane's share until the end
+    for (int c = 0; c < kQC; ++c) {
+      const float4 v = load_q4<QF>(p, qq, tok, head, (wave * kQC + c) * 16 + 4 * j);
+      q.b[c] = gfx9::f32x4_to_f16x4(v.x * q_mul, v.y * q_mul, v.z * q_mul, v.w * q_mul);
+    }
+    return q;
+  }
+  MLAGEN_DEVICE static KvScales scales(const Params& p) {
+    const float kv_scale = kv_scale_of(p);
+    return KvScales{kv_scale * gfx9::kKDecodeScale, kv_scale * gfx9::kVDecodeScale};
+  }
 
-  if (ntiles > 0) load_tile(0);
-  for (int it = 0; it < ntiles; ++it) {
-    store_tile(it & 1);  // buffer it&1 was last read in tile it-2: every wave is past that
-    __syncthreads();
-    if (it + 1 < ntiles) load_tile(it + 1);  // in flight while this tile is computed
-    const uint8_t* st = smem + (it & 1) * T::kStageBytes;
+  template <class Rows>
+  MLAGEN_DEVICE static void load(InFlight& t, const KvSource<Rows>& src, int tok0, bool& bad) {
+    t.load(src, tok0, bad);
+  }
+  template <class Rows>
+  MLAGEN_DEVICE static void store(const InFlight& t, uint8_t* stage, const KvSource<Rows>&) {
+    t.store(stage, kRowBytes);
+  }
+  template <class Rows>
+  MLAGEN_DEVICE static const uint8_t* expand(const uint8_t* stage, uint8_t*, const KvSource<Rows>&, int, bool&) {
+    return stage;  // the products decode the bytes as they read them
+  }
+  MLAGEN_DEVICE static void release() {}  // the next store goes to the other stage
 
-    // ---- S^T partial over this wave's dims: A = K[token][dims], B = Q^T ------------------
-    f32x4 s[MT];
+  // This wave's partial S^T over its dims: A = K[token][dims], B = Q^T.
+  MLAGEN_DEVICE static void scores(const uint8_t* tile, const Q& q, int wave, int i, int j, gfx9::f32x4 (&s)[kMTiles]) {
+    using namespace gfx9;
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
+    for (int mt = 0; mt < kMTiles; ++mt) {
       s[mt] = f32x4{0.f, 0.f, 0.f, 0.f};
-      const uint8_t* krow = st + (16 * mt + i) * T::kRowBytes + wave * QC * 16 + 4 * j;
+      const uint8_t* krow = tile + (16 * mt + i) * kRowBytes + wave * kQC * 16 + 4 * j;
 #pragma unroll
-      for (int c = 0; c + 1 < QC; c += 2)
-        mfma_k32(s[mt], fp8x4_to_f16x4(lds32(krow + 16 * c)), fp8x4_to_f16x4(lds32(krow + 16 * (c + 1))), qf[c],
-                 qf[c + 1]);
-      if constexpr (QC % 2) mfma_k16(s[mt], fp8x4_to_f16x4(lds32(krow + 16 * (QC - 1))), qf[QC - 1]);
+      for (int c = 0; c + 1 < kQC; c += 2)
+        mfma_k32(s[mt], fp8x4_to_f16x4(lds32(krow + 16 * c)), fp8x4_to_f16x4(lds32(krow + 16 * (c + 1))), q.b[c],
+                 q.b[c + 1]);
+      if constexpr (kQC % 2) mfma_k16(s[mt], fp8x4_to_f16x4(lds32(krow + 16 * (kQC - 1))), q.b[kQC - 1]);
     }
-
-    if (q_shift) {  // wave-uniform, rare: this wave's q was scaled by 2^-q_shift
+    if (q.shift) {  // wave-uniform, rare: this wave's q was scaled by 2^-shift
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) s[mt] *= s_unshift;
-    }
-    // ---- sum the 4 waves' partials, online softmax over tokens for row i -------------------
-    softmax_tile<T, kEarly>(s, red, wave, lane, row_end - (tok_begin + it * BN), s_scale, m, l, o);
-
-    // ---- O^T += V^T P^T over this wave's 128 dims, 32 tokens (two m16 tiles) a step ------
-    // A = V^T: lane (i, j) reads 4 bytes (dims 4i..4i+3 of a 64-dim block) of tokens
-    // 4j..4j+3 of each m16 tile and byte-transposes them: word u holds dim 4i+u.
-#pragma unroll
-    for (int kc = 0; kc < MT / 2; ++kc) {
-      const f16x4 b_lo = f32x4_to_f16x4(s[2 * kc][0], s[2 * kc][1], s[2 * kc][2], s[2 * kc][3]);
-      const f16x4 b_hi = f32x4_to_f16x4(s[2 * kc + 1][0], s[2 * kc + 1][1], s[2 * kc + 1][2], s[2 * kc + 1][3]);
-#pragma unroll
-      for (int blk = 0; blk < 2; ++blk) {
-        const uint8_t* vcol = st + (32 * kc + 4 * j) * T::kRowBytes + wave * T::kVDimsPerWarp + blk * 64 + 4 * i;
-        uint32_t wl[4], wh[4], tl[4], th[4];
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          wl[r] = lds32(vcol + r * T::kRowBytes);
-          wh[r] = lds32(vcol + (16 + r) * T::kRowBytes);
-        }
-        transpose4x4(wl, tl);
-        transpose4x4(wh, th);
-#pragma unroll
-        for (int u = 0; u < 4; ++u)
-          mfma_k32(o[blk][u], fp8x4_to_f16x4(tl[u]), fp8x4_to_f16x4(th[u]), b_lo, b_hi);
-      }
+      for (int mt = 0; mt < kMTiles; ++mt) s[mt] *= q.unshift;
     }
   }
 
-  const bool bad = blk.rows.block_any_bad(p, page_bad) || blk.seq.bad;
-  write_result<T>(p, o, m, l, o_scale, blk.qr, bad, splits, wave, lane);
-}
+  // The PV operands: P^T (B) as f16; V^T (A) of dims 4i..4i+3: a token's 4 bytes of them
+  // (VRaw) for 4 tokens, byte-transposed (transpose_v: word u holds dim 4i+u of the 4 tokens),
+  // decoded to f16 as each MFMA takes it (a_operand).
+  using Operand = gfx9::f16x4;
+  using VRaw = uint32_t;
+  using VWord = uint32_t;
+  static constexpr int kElemBytes = 1;
+  MLAGEN_DEVICE static Operand p_operand(const gfx9::f32x4& pt) { return gfx9::f32x4_to_f16x4(pt[0], pt[1], pt[2], pt[3]); }
+  MLAGEN_DEVICE static void transpose_v(const VRaw (&w)[4], VWord (&t)[4]) { transpose4x4(w, t); }
+  MLAGEN_DEVICE static Operand a_operand(VWord w) { return gfx9::fp8x4_to_f16x4(w); }
+};
 
-// ---- wide path (bf16 and mxfp4 KV) ------------------------------------------------------
-// The fp8 path's structure on bf16 MFMA, reading one bf16 tile in LDS:
-//   S^T: A = K[token][dims], 16 bytes (8 dims) a lane in natural order: the k32 step c of
-//        this wave's dims takes dims 32c + 8j .. +3 as its low half and +4 .. +7 as its
-//        high half; Q^T (B) is packed to bf16 (round to nearest even) with the same map.
-//   O^T: A = V^T: lane (i, j) reads 8 bytes (dims 4i..4i+3 of a 64-dim block) of tokens
-//        4j..4j+3 and 16+4j..16+4j+3 of the 32-token step and transposes the 16-bit
-//        elements: operand u holds dim 4i+u, as the fp8 path's byte transpose does.
-// Pipeline: the next tile is loaded into registers while this one is computed, as in the
-// fp8 path, but into ONE LDS tile: storing waits for every wave to be done with the
-// previous tile (bf16: one barrier more a tile; mxfp4: the dequantize barrier does it).
-// mxfp4: the registers hold the packed rows and the tile's scale window (its bytes one by one
-// when paged rows are not one run: MxScaleBytes); they are stored into the MxStage,
-// which the block dequantizes into the bf16 tile (rows past the valid tokens become zeros)
-// before the products.
-
+// ---- mxfp4 scale bytes on their way to LDS (Gfx9WideKv) ---------------------------------
 // 16 bytes of the scale tensor from `at` (16-byte aligned), of which only the bytes below
 // `end` are read; the rest come back zero. The last chunk of a window thus never reads
 // past the tile's last scale byte (nor past the tensor).
@@ -356,157 +248,334 @@ struct MxScaleBytes {
   }
 };
 
-template <class T, class Shape>
-MLAGEN_DEVICE void decode_wide(const Params& p, uint8_t* smem) {
-  using namespace gfx9;
-  constexpr int BN = T::kBlockN, MT = T::kMTiles, QC = T::kQkChunksPerWarp, RB = T::kRowBytes;
-  constexpr int QP = QC / 2;  // k32 steps of S^T; a k16 step follows when QC is odd
-  constexpr bool kMx = T::kMx;
-  uint8_t* const stage = smem;                              // bf16: the tile; mxfp4: the MxStage
-  const uint8_t* const tile = smem + (kMx ? T::kStageBytes : 0);  // the bf16 tile both products read
-  f32x4* red = reinterpret_cast<f32x4*>(smem + T::kStageBytes + T::kDecodedBytes);
+// ---- wide KV (bf16 and mxfp4) ---------------------------------------------------------------
+// One bf16 tile in LDS that both products read:
+//   S^T: A = K[token][dims], 16 bytes (8 dims) a lane in natural order: the k32 step c of
+//        this wave's dims takes dims 32c + 8j .. +3 as its low half and +4 .. +7 as its
+//        high half; Q^T (B) is packed to bf16 (round to nearest even) with the same map.
+//   O^T: A = V^T: lane (i, j) reads 8 bytes (dims 4i..4i+3 of a 64-dim block) of tokens
+//        4j..4j+3 and 16+4j..16+4j+3 of the 32-token step and transposes the 16-bit
+//        elements: operand u holds dim 4i+u, as the fp8 format's byte transpose does.
+// One LDS stage: storing a tile waits for every wave to be done with the previous one (bf16:
+// a barrier after the products, release; mxfp4: the dequantize's barrier does it). Two bf16
+// tiles are 73 KB: over gfx942's 64 KB.
+// mxfp4: the registers hold the packed rows and the tile's scale window (its bytes one by one
+// when paged rows are not one run: MxScaleBytes); they are stored into the MxStage, which the
+// block dequantizes into the bf16 tile (rows past the valid tokens become zeros) before the
+// products (expand).
+template <class G, bool kMx>
+struct Gfx9WideKv {
+  static constexpr int kQC = G::kQkChunksPerWarp;  // 16-dim chunks of S^T a wave
+  static constexpr int kQP = kQC / 2;              // k32 steps of S^T; a k16 step follows when kQC is odd
+  static constexpr int kMTiles = G::kBlockN / 16;
+  // bf16 rows of 1152 bytes + 16 pad (73 x 16 bytes; 1168 = 16 mod 128, with 32 banks of 4
+  // bytes): the 8 rows that 8 lanes of an S^T ds_read_b128 touch start 16 bytes apart in the
+  // banks, and the V^T ds_read_b64 of lanes j and j+1 (rows 4 apart, 64 bytes apart) cover
+  // every bank twice.
+  static constexpr int kRowBytes = 2 * kQkDim + 16;
+  static constexpr int kLdsTiles = 1;
+  // bf16: the tile itself; mxfp4: one MxStage (packed rows + scale window), then the bf16 tile
+  static constexpr int kStageBytes = kMx ? MxStage<G::kBlockN>::kBytes : G::kBlockN * kRowBytes;
+  static constexpr int kDecodedBytes = kMx ? G::kBlockN * kRowBytes : 0;
+  static constexpr float kVUnit = 1.f;
+  using Rows = RowChunks<G, KvTraits<kMx ? KvFormat::kMxfp4 : KvFormat::kBf16>::kRowDataBytes>;
+  using MxBytes = MxScaleBytes<G::kBlockN, G::kThreads>;
+  struct InFlight {
+    Rows rows;
+    uint4 sc = make_uint4(0u, 0u, 0u, 0u);  // mxfp4: 16 bytes of the tile's scale window (or MxBytes')
+  };
+  static_assert(!kMx || MxStage<G::kBlockN>::kScaleChunks <= G::kThreads, "one scale chunk a thread at most");
 
+  // Q^T as the B operand: b[2c], b[2c+1] = head i, dims d0 + 32c + 8j + 0..3, + 4..7;
+  // b[kQC-1] (kQC odd) = dims d0 + 32 kQP + 4j + 0..3 (d0: this wave's first QK dim).
+  struct Q {
+    gfx9::bf16x4 b[kQC];
+  };
+  template <QFormat QF>
+  MLAGEN_DEVICE static Q q_operands(const Params& p, const QQuant& qq, int64_t tok, int head, int wave, int j) {
+    const int d0 = wave * kQC * 16;
+    Q q;
+#pragma unroll
+    for (int c = 0; c < kQP; ++c)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float4 v = load_q4<QF>(p, qq, tok, head, d0 + 32 * c + 8 * j + 4 * h);
+        q.b[2 * c + h] = gfx9::f32x4_to_bf16x4(v.x, v.y, v.z, v.w);
+      }
+    if constexpr (kQC % 2) {
+      const float4 v = load_q4<QF>(p, qq, tok, head, d0 + 32 * kQP + 4 * j);
+      q.b[kQC - 1] = gfx9::f32x4_to_bf16x4(v.x, v.y, v.z, v.w);
+    }
+    return q;
+  }
+  // bf16 is as stored and mxfp4's scales are in its bf16 tile: no per-tensor factor
+  MLAGEN_DEVICE static KvScales scales(const Params&) { return KvScales{1.f, 1.f}; }
+
+  template <class R>
+  MLAGEN_DEVICE static void load(InFlight& t, const KvSource<R>& src, int tok0, bool& bad) {
+    t.rows.load(src, tok0, bad);
+    if constexpr (kMx) {
+      constexpr int BN = G::kBlockN;
+      const int valid = min(BN, src.tok_end - tok0);
+      if (!src.rows.template tile_contiguous<BN>()) {  // pages shorter than the tile: byte by byte
+        t.sc = MxBytes::load(src.p.kv_scales, src.p.kv_scales_stride, src.rows, tok0, valid, threadIdx.x, bad);
+      } else if (threadIdx.x < MxStage<BN>::kScaleChunks) {  // one run of rows: the aligned window
+        const MxScaleWindow win = mx_scale_window(src.rows.row(tok0, bad), valid, src.p.kv_scales_stride);
+        t.sc = load_scale_chunk(src.p.kv_scales, win.start + 16 * threadIdx.x, win.end);
+      }
+    }
+  }
+  // bf16: every wave was done with the previous tile at release's barrier; mxfp4: the stage
+  // was last read by the previous tile's dequantize (barrier after it)
+  template <class R>
+  MLAGEN_DEVICE static void store(const InFlight& t, uint8_t* stage, const KvSource<R>& src) {
+    constexpr int BN = G::kBlockN;
+    t.rows.store(stage, kMx ? kMxRowBytes : kRowBytes);
+    if constexpr (kMx) {
+      if (!src.rows.template tile_contiguous<BN>())
+        MxBytes::store(t.sc, stage + MxStage<BN>::kDataBytes, src.p.kv_scales_stride, threadIdx.x);
+      else if (threadIdx.x < MxStage<BN>::kScaleChunks)
+        *reinterpret_cast<uint4*>(stage + MxStage<BN>::kDataBytes + 16 * threadIdx.x) = t.sc;
+    }
+  }
+  // The bf16 tile the products read: bf16, the stage; mxfp4, `decoded`, complete at the barrier.
+  template <class R>
+  MLAGEN_DEVICE static const uint8_t* expand(const uint8_t* stage, uint8_t* decoded, const KvSource<R>& src, int tok0,
+                                             bool& bad) {
+    if constexpr (kMx) {
+      constexpr int BN = G::kBlockN;
+      mxfp4_stage_to_bf16<BN, G::kThreads>(stage, mx_scale_offset<BN>(src.rows, tok0, src.p.kv_scales_stride, bad),
+                                           src.p.kv_scales_stride, src.tok_end - tok0, decoded, kRowBytes, threadIdx.x);
+      __syncthreads();  // the bf16 tile is complete
+      return decoded;
+    } else {
+      return stage;
+    }
+  }
+  MLAGEN_DEVICE static void release() {
+    if constexpr (!kMx) __syncthreads();  // bf16: every wave is done reading the one stage
+  }
+
+  // This wave's partial S^T over its dims: A = K[token][dims], B = Q^T.
+  MLAGEN_DEVICE static void scores(const uint8_t* tile, const Q& q, int wave, int i, int j, gfx9::f32x4 (&s)[kMTiles]) {
+    using namespace gfx9;
+    const int d0 = wave * kQC * 16;
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+      s[mt] = f32x4{0.f, 0.f, 0.f, 0.f};
+      const uint8_t* krow = tile + (16 * mt + i) * kRowBytes + 2 * d0;
+#pragma unroll
+      for (int c = 0; c < kQP; ++c) {
+        const uint4 k = *reinterpret_cast<const uint4*>(krow + 64 * c + 16 * j);
+        mfma_k32(s[mt], bf16x4_of(k.x, k.y), bf16x4_of(k.z, k.w), q.b[2 * c], q.b[2 * c + 1]);
+      }
+      if constexpr (kQC % 2) {
+        const uint2 k = *reinterpret_cast<const uint2*>(krow + 64 * kQP + 8 * j);
+        mfma_k16(s[mt], bf16x4_of(k.x, k.y), q.b[kQC - 1]);
+      }
+    }
+  }
+
+  // The PV operands: P^T (B) rounded to bf16; V^T (A) of dims 4i..4i+3: a token's 8 bytes of
+  // them (VRaw) for 4 tokens, 16-bit transposed (transpose_v: operand u holds dim 4i+u).
+  using Operand = gfx9::bf16x4;
+  using VRaw = uint2;
+  using VWord = gfx9::bf16x4;
+  static constexpr int kElemBytes = 2;
+  MLAGEN_DEVICE static Operand p_operand(const gfx9::f32x4& pt) { return gfx9::f32x4_to_bf16x4(pt[0], pt[1], pt[2], pt[3]); }
+  MLAGEN_DEVICE static void transpose_v(const VRaw (&w)[4], VWord (&t)[4]) { gfx9::transpose4x4_b16(w, t); }
+  MLAGEN_DEVICE static Operand a_operand(VWord w) { return w; }
+};
+
+// ---- the body -------------------------------------------------------------------------------
+// A gfx9 kernel (codegen's Tiling<block_n, stages, kv, q>): the geometry every format shares,
+// the format's policy (Kv) and the block's LDS.
+template <int kBlockN_, int kStages_, KvFormat kKv_, QFormat kQ_>
+struct Tiling {
+  using G = TileGeometry<kBlockN_, kStages_, /*waves=*/4>;  // tokens a tile; each wave's QK and V dims
+  using Kv = std::conditional_t<KvTraits<kKv_>::kWide, Gfx9WideKv<G, kKv_ == KvFormat::kMxfp4>, Gfx9Fp8Kv<G>>;
+  static constexpr KvFormat kKv = kKv_;
+  static constexpr QFormat kQ = kQ_;
+  template <QFormat Q>
+  using WithQ = Tiling<kBlockN_, kStages_, kKv_, Q>;  // the same kernel for another q route
+  static constexpr int kBlockN = G::kBlockN, kStages = G::kStages, kWarps = G::kWarps, kThreads = G::kThreads;
+  static constexpr int kVDimsPerWarp = G::kVDimsPerWarp;
+  static constexpr bool kWide = KvTraits<kKv>::kWide;
+  static constexpr float kVUnit = Kv::kVUnit;  // the combine's partial-O unit
+  static constexpr bool kNative = false;       // true only for NativeFp8Tiling (mla_decode_gfx950_fp8.cuh)
+  static constexpr int kMTiles = kBlockN / 16;  // m16 MFMA tiles per KV tile
+  // LDS: the format's stages and expanded tile, then the S^T reduction buffer. The same on
+  // both arches (the host pass sees no arch).
+  static constexpr int kRedBytes = kWarps * kMTiles * MLAGEN_WARP_SIZE * 16;
+  static constexpr int kSmemBytes = Kv::kLdsTiles * Kv::kStageBytes + Kv::kDecodedBytes + kRedBytes;
+  static constexpr int kMinBlocksPerSm = 1;
+  static_assert(MLAGEN_WARP_SIZE == 64, "gfx9 kernel: 64-lane wavefronts");
+  static_assert(kStages == 2, "gfx9 kernel v1: register-staged double buffering (stages = 2)");
+  static_assert(kBlockN % 32 == 0, "kBlockN: pairs of m16 tiles feed the k32 PV MFMA");
+  static_assert(Kv::kLdsTiles == 1 || Kv::kLdsTiles == 2, "stage it & (kLdsTiles - 1)");
+  static_assert(Kv::kStageBytes % 16 == 0 && Kv::kDecodedBytes % 16 == 0, "16-byte aligned LDS regions");
+  static_assert(kSmemBytes <= gfx9::kLdsBytes, "LDS over the arch's limit: smaller block_n");
+};
+
+// Sums the 4 waves' partial S^T tiles through LDS, masks tokens past `valid` (this lane's row's
+// keys in the tile) and takes the online-softmax step for row i (log2 domain). On return s holds
+// the unnormalized P^T, m / l are updated (l: this lane's share) and O is rescaled to the new
+// running max. kEarly (Shape::kRowsEndEarly): a row may have seen no key yet (all -inf): alpha 1
+// and P 0 through step_base; else the unguarded step of one-token shapes (mla_common.cuh).
+template <class T, bool kEarly>
+MLAGEN_DEVICE void softmax_tile(gfx9::f32x4 (&s)[T::kMTiles], gfx9::f32x4* red, int wave, int lane, int valid,
+                                float s_scale, float& m, float& l, OTile& o) {
+  constexpr int MT = T::kMTiles, W = MLAGEN_WARP_SIZE;
+  const int j = lane >> 4;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) red[(wave * MT + mt) * W + lane] = s[mt];
+  __syncthreads();
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    gfx9::f32x4 a = red[mt * W + lane];
+#pragma unroll
+    for (int w = 1; w < T::kWarps; ++w) a += red[(w * MT + mt) * W + lane];
+    s[mt] = a;
+  }
+  const float mx = gfx9::scaled_masked_max(s, s_scale, valid, [j](int mt, int r) { return 16 * mt + 4 * j + r; });
+  const float alpha = online_step<kEarly>(m, mx);
+  const float base = step_base<kEarly>(m);
+  float lsum = 0.f;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      s[mt][r] = fast_exp2(s[mt][r] - base);
+      lsum += s[mt][r];
+    }
+  l = l * alpha + lsum;
+#pragma unroll
+  for (int blk = 0; blk < 2; ++blk)
+#pragma unroll
+    for (int u = 0; u < 4; ++u) o[blk][u] *= alpha;
+}
+
+// O^T += V^T P^T over this wave's 128 dims, 32 tokens (two m16 tiles) a step: A = V^T, lane
+// (i, j) reads dims 4i..4i+3 of a 64-dim block (Kv::VRaw) of tokens 4j..4j+3 (lo) and
+// 16+4j..16+4j+3 (hi) of the step and transposes them (Kv::transpose_v, Kv::a_operand); B =
+// P^T straight from the S^T accumulators (Kv::p_operand).
+template <class T>
+MLAGEN_DEVICE void accumulate_pv(const uint8_t* tile, const gfx9::f32x4 (&s)[T::kMTiles], int wave, int i, int j,
+                                 OTile& o) {
+  using Kv = typename T::Kv;
+  using Raw = typename Kv::VRaw;
+  constexpr int RB = Kv::kRowBytes;
+#pragma unroll
+  for (int kc = 0; kc < T::kMTiles / 2; ++kc) {
+    const typename Kv::Operand b_lo = Kv::p_operand(s[2 * kc]), b_hi = Kv::p_operand(s[2 * kc + 1]);
+#pragma unroll
+    for (int blk = 0; blk < 2; ++blk) {
+      const uint8_t* vcol = tile + (32 * kc + 4 * j) * RB + Kv::kElemBytes * (wave * T::kVDimsPerWarp + blk * 64 + 4 * i);
+      Raw wl[4], wh[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        wl[r] = *reinterpret_cast<const Raw*>(vcol + r * RB);
+        wh[r] = *reinterpret_cast<const Raw*>(vcol + (16 + r) * RB);
+      }
+      typename Kv::VWord a_lo[4], a_hi[4];
+      Kv::transpose_v(wl, a_lo);
+      Kv::transpose_v(wh, a_hi);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) gfx9::mfma_k32(o[blk][u], Kv::a_operand(a_lo[u]), Kv::a_operand(a_hi[u]), b_lo, b_hi);
+    }
+  }
+}
+
+// Lane (i, j) holds query row i, dims wave*128 + 64*blk + 16j + (4r + u) = o[blk][u][r]: the
+// bf16 output and its LSE (one split; at the row's (token, head), padding rows not at all) or
+// the split's partial (O, m, l) at part row qr.part(i). l: this lane's share; m is the same in
+// every lane of row i (every wave takes the same softmax step). bad: the block's verdict
+// (block_any_bad), NaN output.
+template <class T>
+MLAGEN_DEVICE void write_result(const Params& p, const OTile& o, float m, float l, float o_scale, const QueryRows& qr,
+                                bool bad, int splits, int wave, int lane) {
+  const int i = lane & 15, j = lane >> 4;
+  l += __shfl_xor(l, 16);
+  l += __shfl_xor(l, 32);
+  if (splits == 1) {
+    if (!qr.owns(i)) return;  // a padding row
+    const float inv = out_scale(l, o_scale, bad);
+    const int64_t tok = qr.token(i);
+    const int head = qr.head(i);
+    if (wave == 0 && j == 0) store_lse(p, tok, head, m, l, bad);
+    uint16_t* out = p.out + tok * p.out_stride_token + head * p.out_stride_head + wave * T::kVDimsPerWarp + 16 * j;
+#pragma unroll
+    for (int blk = 0; blk < 2; ++blk) {
+      uint32_t w[8];
+#pragma unroll
+      for (int e = 0; e < 16; e += 2)
+        w[e / 2] = pack_bf16x2(o[blk][e % 4][e / 4] * inv, o[blk][(e + 1) % 4][(e + 1) / 4] * inv);
+      reinterpret_cast<uint4*>(out + 64 * blk)[0] = make_uint4(w[0], w[1], w[2], w[3]);
+      reinterpret_cast<uint4*>(out + 64 * blk)[1] = make_uint4(w[4], w[5], w[6], w[7]);
+    }
+  } else {
+    float* po = p.part_o + qr.part(i) * kVDim + wave * T::kVDimsPerWarp + 16 * j;
+#pragma unroll
+    for (int blk = 0; blk < 2; ++blk)
+#pragma unroll
+      for (int e = 0; e < 16; e += 4)
+        *reinterpret_cast<float4*>(po + 64 * blk + e) =
+            make_float4(o[blk][0][e / 4], o[blk][1][e / 4], o[blk][2][e / 4], o[blk][3][e / 4]);
+    if (wave == 0 && j == 0) p.part_ml[qr.part(i)] = split_state(m, l, bad);
+  }
+}
+
+template <class T, class Shape>
+MLAGEN_DEVICE void decode_gfx9(const Params& p, uint8_t* smem) {
+  using namespace gfx9;
+  using Kv = typename T::Kv;
+  constexpr int BN = T::kBlockN, MT = T::kMTiles;
+  uint8_t* const stages = smem;                                               // Kv::kLdsTiles stages
+  uint8_t* const decoded = smem + Kv::kLdsTiles * Kv::kStageBytes;            // the expanded tile (mxfp4)
+  f32x4* const red = reinterpret_cast<f32x4*>(decoded + Kv::kDecodedBytes);  // the waves' S^T partials
+
+  // ---- prologue: the block's place and range, the query as the B operand, the scales ------
   const int wave = threadIdx.x / MLAGEN_WARP_SIZE, lane = threadIdx.x % MLAGEN_WARP_SIZE;
   const int i = lane & 15, j = lane >> 4;  // MFMA lane coordinates: query row i of the block
   constexpr bool kEarly = Shape::kRowsEndEarly;  // causal rows that may see no key of a tile
   const BlockSetup<Shape> blk = block_setup<T, Shape, BN>(p);  // the prologue every body shares (formats.cuh)
-  const int splits = blk.splits, ntiles = blk.range.ntiles,
-            tok_begin = blk.range.tok_begin, tok_end = blk.range.tok_end;
-  const int64_t q_tok = blk.qr.token(i);  // row i's q
-  const int q_head = blk.qr.head(i);
+  const int ntiles = blk.range.ntiles, tok_begin = blk.range.tok_begin;
   // row i's keys end here (causal; the split's end when no row ends early)
-  const int row_end = kEarly ? min(tok_end, blk.qr.key_end(i)) : tok_end;
+  const int row_end = kEarly ? min(blk.range.tok_end, blk.qr.key_end(i)) : blk.range.tok_end;
   bool page_bad = false;  // a page id outside the cache (kv_rows.cuh)
-  const uint8_t* kv = p.kv + blk.seq.kv_begin * p.kv_stride_bytes;  // contiguous KV: the sequence's first row
+  const KvSource<decltype(blk.rows)> src{p, blk.rows, p.kv + blk.seq.kv_begin * p.kv_stride_bytes, blk.range.tok_end};
+  const KvScales sc = Kv::scales(p);
   const QQuant qq = q_setup<T::kQ>(p, blk.q_given);
-  const float s_scale = qq.scale * p.sm_scale * kLog2e;  // log2 domain; no KV scale
-  const int d0 = wave * QC * 16;  // this wave's first QK dim
+  const typename Kv::Q q = Kv::template q_operands<T::kQ>(p, qq, blk.qr.token(i), blk.qr.head(i), wave, j);
+  const float s_scale = sc.s * qq.scale * p.sm_scale * kLog2e;  // log2 domain
 
-  // Q^T as the B operand: qf[2c], qf[2c+1] = head i, dims d0 + 32c + 8j + 0..3, + 4..7;
-  // qf[QC-1] (QC odd) = dims d0 + 32 QP + 4j + 0..3.
-  bf16x4 qf[QC];
+  OTile o;
 #pragma unroll
-  for (int c = 0; c < QP; ++c)
+  for (int b = 0; b < 2; ++b)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float4 v = load_q4<T::kQ>(p, qq, q_tok, q_head, d0 + 32 * c + 8 * j + 4 * h);
-      qf[2 * c + h] = f32x4_to_bf16x4(v.x, v.y, v.z, v.w);
-    }
-  if constexpr (QC % 2) {
-    const float4 v = load_q4<T::kQ>(p, qq, q_tok, q_head, d0 + 32 * QP + 4 * j);
-    qf[QC - 1] = f32x4_to_bf16x4(v.x, v.y, v.z, v.w);
-  }
-
-  uint4 staged[T::kCopiesPerThread];
-  uint4 staged_sc = make_uint4(0u, 0u, 0u, 0u);  // mxfp4: 16 bytes of the tile's scale window (or MxBytes')
-  using MxBytes = MxScaleBytes<BN, T::kThreads>;
-  auto load_tile = [&](int t) {
-    const int tok0 = tok_begin + t * BN;
-#pragma unroll
-    for (int k = 0; k < T::kCopiesPerThread; ++k) {
-      const int idx = threadIdx.x + k * T::kThreads;
-      const int row = idx / T::kChunksPerRow, col = idx % T::kChunksPerRow;
-      const bool ok = (T::kChunksPerTile % T::kThreads == 0 || idx < T::kChunksPerTile) && tok0 + row < tok_end;
-      staged[k] = ok ? *reinterpret_cast<const uint4*>(kv_row(blk.rows, kv, p.kv_stride_bytes, tok0 + row, page_bad) +
-                                                       col * 16)
-                     : make_uint4(0u, 0u, 0u, 0u);
-    }
-    if constexpr (kMx) {
-      const int valid = min(BN, tok_end - tok0);
-      if (!blk.rows.template tile_contiguous<BN>()) {  // pages shorter than the tile: byte by byte
-        staged_sc = MxBytes::load(p.kv_scales, p.kv_scales_stride, blk.rows, tok0, valid, threadIdx.x, page_bad);
-      } else if (threadIdx.x < MxStage<BN>::kScaleChunks) {  // one run of rows: the aligned window
-        const MxScaleWindow win = mx_scale_window(blk.rows.row(tok0, page_bad), valid, p.kv_scales_stride);
-        staged_sc = load_scale_chunk(p.kv_scales, win.start + 16 * threadIdx.x, win.end);
-      }
-    }
-  };
-  auto store_tile = [&]() {
-    constexpr int kPitch = kMx ? kMxRowBytes : RB;
-#pragma unroll
-    for (int k = 0; k < T::kCopiesPerThread; ++k) {
-      const int idx = threadIdx.x + k * T::kThreads;
-      if (T::kChunksPerTile % T::kThreads == 0 || idx < T::kChunksPerTile) {
-        const int row = idx / T::kChunksPerRow, col = idx % T::kChunksPerRow;
-        *reinterpret_cast<uint4*>(stage + row * kPitch + col * 16) = staged[k];
-      }
-    }
-    if constexpr (kMx) {
-      if (!blk.rows.template tile_contiguous<BN>())
-        MxBytes::store(staged_sc, stage + MxStage<BN>::kDataBytes, p.kv_scales_stride, threadIdx.x);
-      else if (threadIdx.x < MxStage<BN>::kScaleChunks)
-        *reinterpret_cast<uint4*>(stage + MxStage<BN>::kDataBytes + 16 * threadIdx.x) = staged_sc;
-    }
-  };
-
-  // O^T accumulators: [64-dim block][tile u]; tile u maps its row m to dim 4m + u of the
-  // block, so lane (i, j) ends with dims 16j .. 16j+15 of each block for head i.
-  f32x4 o[2][4];
-#pragma unroll
-  for (int blk = 0; blk < 2; ++blk)
-#pragma unroll
-    for (int u = 0; u < 4; ++u) o[blk][u] = f32x4{0.f, 0.f, 0.f, 0.f};
+    for (int u = 0; u < 4; ++u) o[b][u] = f32x4{0.f, 0.f, 0.f, 0.f};
   float m = -INFINITY, l = 0.f;  // row i; l is this lane's share until the end
 
-  if (ntiles > 0) load_tile(0);
+  // ---- the tiles: tile it + 1 in flight in registers while tile it is computed from LDS ----
+  auto tok0_of = [&](int t) { return tok_begin + t * BN; };
+  typename Kv::InFlight next;
+  if (ntiles > 0) Kv::load(next, src, tok0_of(0), page_bad);
   for (int it = 0; it < ntiles; ++it) {
-    // bf16: every wave was done with tile it-1 at the barrier closing the last iteration;
-    // mxfp4: the stage was last read by the dequantize of tile it-1 (barrier after it)
-    store_tile();
-    __syncthreads();
-    if (it + 1 < ntiles) load_tile(it + 1);  // in flight while this tile is computed
-    const int tok0 = tok_begin + it * BN, valid = tok_end - tok0;
-    if constexpr (kMx) {
-      mxfp4_stage_to_bf16<BN, T::kThreads>(stage, mx_scale_offset<BN>(blk.rows, tok0, p.kv_scales_stride, page_bad),
-                                           p.kv_scales_stride, valid, smem + T::kStageBytes, RB, threadIdx.x);
-      __syncthreads();  // the bf16 tile is complete
-    }
-
-    // ---- S^T partial over this wave's dims: A = K[token][dims], B = Q^T ------------------
+    uint8_t* const stage = stages + (it & (Kv::kLdsTiles - 1)) * Kv::kStageBytes;
+    Kv::store(next, stage, src);
+    __syncthreads();  // the tile is in LDS
+    if (it + 1 < ntiles) Kv::load(next, src, tok0_of(it + 1), page_bad);
+    const uint8_t* const tile = Kv::expand(stage, decoded, src, tok0_of(it), page_bad);
     f32x4 s[MT];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      s[mt] = f32x4{0.f, 0.f, 0.f, 0.f};
-      const uint8_t* krow = tile + (16 * mt + i) * RB + 2 * d0;
-#pragma unroll
-      for (int c = 0; c < QP; ++c) {
-        const uint4 k = *reinterpret_cast<const uint4*>(krow + 64 * c + 16 * j);
-        mfma_k32(s[mt], bf16x4_of(k.x, k.y), bf16x4_of(k.z, k.w), qf[2 * c], qf[2 * c + 1]);
-      }
-      if constexpr (QC % 2) {
-        const uint2 k = *reinterpret_cast<const uint2*>(krow + 64 * QP + 8 * j);
-        mfma_k16(s[mt], bf16x4_of(k.x, k.y), qf[QC - 1]);
-      }
-    }
-
-    softmax_tile<T, kEarly>(s, red, wave, lane, row_end - tok0, s_scale, m, l, o);
-
-    // ---- O^T += V^T P^T over this wave's 128 dims, 32 tokens (two m16 tiles) a step ------
-#pragma unroll
-    for (int kc = 0; kc < MT / 2; ++kc) {
-      const bf16x4 b_lo = f32x4_to_bf16x4(s[2 * kc][0], s[2 * kc][1], s[2 * kc][2], s[2 * kc][3]);
-      const bf16x4 b_hi = f32x4_to_bf16x4(s[2 * kc + 1][0], s[2 * kc + 1][1], s[2 * kc + 1][2], s[2 * kc + 1][3]);
-#pragma unroll
-      for (int blk = 0; blk < 2; ++blk) {
-        const uint8_t* vcol = tile + (32 * kc + 4 * j) * RB + 2 * (wave * T::kVDimsPerWarp + blk * 64 + 4 * i);
-        uint2 wl[4], wh[4];
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          wl[r] = *reinterpret_cast<const uint2*>(vcol + r * RB);
-          wh[r] = *reinterpret_cast<const uint2*>(vcol + (16 + r) * RB);
-        }
-        bf16x4 al[4], ah[4];
-        transpose4x4_b16(wl, al);
-        transpose4x4_b16(wh, ah);
-#pragma unroll
-        for (int u = 0; u < 4; ++u) mfma_k32(o[blk][u], al[u], ah[u], b_lo, b_hi);
-      }
-    }
-    if constexpr (!kMx) __syncthreads();  // bf16: every wave is done reading the tile
+    Kv::scores(tile, q, wave, i, j, s);
+    softmax_tile<T, kEarly>(s, red, wave, lane, row_end - tok0_of(it), s_scale, m, l, o);
+    accumulate_pv<T>(tile, s, wave, i, j, o);
+    Kv::release();
   }
 
+  // ---- epilogue: the bf16 row and its LSE, or the split's partial ----------------------------
   const bool bad = blk.rows.block_any_bad(p, page_bad) || blk.seq.bad;
-  write_result<T>(p, o, m, l, /*o_scale=*/1.f, blk.qr, bad, splits, wave, lane);
+  write_result<T>(p, o, m, l, sc.o, blk.qr, bad, blk.splits, wave, lane);
 }
 
 template <class T, class Shape>
@@ -514,10 +583,8 @@ MLAGEN_DEVICE void mla_decode_block(const Params& p) {  // entry.cuh: a code obj
   extern __shared__ __attribute__((aligned(16))) uint8_t smem[];
   if constexpr (T::kNative)
     decode_fp8_native<T, Shape>(p, smem);
-  else if constexpr (T::kWide)
-    decode_wide<T, Shape>(p, smem);
   else
-    decode_fp8<T, Shape>(p, smem);
+    decode_gfx9<T, Shape>(p, smem);
 }
 
 }  // namespace mlagen::device

@@ -193,17 +193,7 @@ MLAGEN_DEVICE void scores(const uint8_t* stage, const QOperands& q, int i, int j
 // its alpha is 1 and its P 0 (step_base), not NaN.
 template <class T, bool kEarly>
 MLAGEN_DEVICE uint64_t softmax_step(f32x4 (&s)[2], float s_scale, int valid, int j, WaveState& w) {
-  float mx = -INFINITY;
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const float v = 16 * mt + 4 * r + j < valid ? s[mt][r] * s_scale : -INFINITY;
-      s[mt][r] = v;
-      mx = fmaxf(mx, v);
-    }
-  mx = fmaxf(mx, __shfl_xor(mx, 16));
-  mx = fmaxf(mx, __shfl_xor(mx, 32));
+  const float mx = scaled_masked_max(s, s_scale, valid, [j](int mt, int r) { return 16 * mt + 4 * r + j; });
   if (wave_any(mx > w.m + T::kLazyLog2)) {  // rare after the first tile
     const float alpha = online_step<kEarly>(w.m, mx);
     w.l *= alpha;
