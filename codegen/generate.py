@@ -83,7 +83,7 @@ def render(specs: list[KernelSpec]) -> dict[str, str]:
     kernel_t = env.get_template("kernel.hip.j2")
     for s in specs:
         out[s.filename] = kernel_t.render(spec=s, banner=banner, arch_guard=KERNEL_GUARD[s.arch],
-                                          tiling=tiling_expr(s), body=BODIES[s.body] if s.vendor == "nvidia" or s.native_fp8 else None, q8=s.name + "_q8" in s.entry_points,
+                                          tiling=tiling_expr(s), body=BODIES[s.body], q8=s.name + "_q8" in s.entry_points,
                                           combine=s.name + "_combine" in s.entry_points,
                                           spec_json=json.dumps(s.as_dict(), sort_keys=True))
     out["registry.inc"] = env.get_template("registry.inc.j2").render(

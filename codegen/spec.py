@@ -92,8 +92,7 @@ BODIES = {
     "sm90_wgmma": "Body::kSm90Wgmma",           # 16 rows, one warpgroup: fp8, mxfp4 KV
     "sm90_wgmma_bf16": "Body::kSm90WgmmaBf16",  # 16 rows, one warpgroup: bf16 KV
     "sm90_rows": "Body::kSm90Rows",             # 32 / 64 rows, three warpgroups: fp8, bf16 KV (a RowsKv policy)
-    "gfx9_fp8": "Body::kGfx9Fp8",
-    "gfx9_wide": "Body::kGfx9Wide",
+    "gfx9": "Body::kGfx9",                      # 16 rows, MFMA, every format (mla_decode_gfx9.cuh decode_gfx9: Gfx9*Kv)
     "gfx950_fp8": "Body::kGfx950Fp8",           # the native fp8 datapath
 }
 ROWS_A_BLOCK = 16  # query rows a row group (shapes.cuh QueryRows::kRows): the block of every body but the rows one
@@ -250,7 +249,7 @@ class KernelSpec:
             return "mma"  # one body, the format a policy of it (MmaKv)
         if self.native_fp8:
             return "gfx950_fp8"
-        return "gfx9_wide" if self.kv_dtype in ("bf16", "mxfp4") else "gfx9_fp8"
+        return "gfx9"  # one body, the format a policy of it
 
     @property
     def row_bytes(self) -> int:

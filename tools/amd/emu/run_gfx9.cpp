@@ -410,7 +410,7 @@ static bool run_case(const Format& fmt, const Case& c) {
     launch(mla_combine_block<TG, Shape>, batch * groups * kGroupRows, 1, 128, p, c.reverse);
   bool counters_reset = true;  // the merging block leaves every counter at 0 for the next call
   for (uint32_t v : counters) counters_reset &= v == 0u;
-  constexpr bool kNativeFp8 = T::kNative;
+  constexpr bool kNativeFp8 = T::kBody == Body::kGfx950Fp8;
   // the pre-pass: part i holds max |q| over token rows i, i + parts, ...; the rest untouched
   bool amax_ok = true;
   if constexpr (QF == QFormat::kFp8FromBf16) {

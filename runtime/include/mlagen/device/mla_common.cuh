@@ -32,8 +32,8 @@ enum class Body : int {
   kSm90Wgmma,      // mla_decode_sm90_wgmma.cuh: 16 rows, one warpgroup, fp8 or mxfp4 KV in tiles of 64
   kSm90WgmmaBf16,  // mla_decode_sm90_wgmma_bf16.cuh: 16 rows, one warpgroup, bf16 KV in tiles of 64
   kSm90Rows,       // mla_decode_sm90_rows.cuh: 32 or 64 rows, three warpgroups, the KV format a policy (RowsKv)
-  kGfx9Fp8,        // mla_decode_gfx9.cuh, fp8 KV
-  kGfx9Wide,       // mla_decode_gfx9.cuh, bf16 or mxfp4 KV
+  kGfx9,           // mla_decode_gfx9.cuh decode_gfx9: 16 rows, four waves of MFMA, the KV format a policy
+                   // (Gfx9Fp8Kv; Gfx9WideKv: bf16, mxfp4 expanded in LDS)
   kGfx950Fp8,      // mla_decode_gfx950_fp8.cuh: the native fp8 datapath, merges its own splits
 };
 

@@ -394,6 +394,7 @@ template <int kBlockN_, int kStages_, KvFormat kKv_, QFormat kQ_>
 struct Tiling {
   using G = TileGeometry<kBlockN_, kStages_, /*waves=*/4>;  // tokens a tile; each wave's QK and V dims
   using Kv = std::conditional_t<KvTraits<kKv_>::kWide, Gfx9WideKv<G, kKv_ == KvFormat::kMxfp4>, Gfx9Fp8Kv<G>>;
+  static constexpr Body kBody = Body::kGfx9;  // the tiling is the body's (codegen/spec.py KernelSpec.body)
   static constexpr KvFormat kKv = kKv_;
   static constexpr QFormat kQ = kQ_;
   template <QFormat Q>
@@ -402,7 +403,6 @@ struct Tiling {
   static constexpr int kVDimsPerWarp = G::kVDimsPerWarp;
   static constexpr bool kWide = KvTraits<kKv>::kWide;
   static constexpr float kVUnit = Kv::kVUnit;  // the combine's partial-O unit
-  static constexpr bool kNative = false;       // true only for NativeFp8Tiling (mla_decode_gfx950_fp8.cuh)
   static constexpr int kMTiles = kBlockN / 16;  // m16 MFMA tiles per KV tile
   // LDS: the format's stages and expanded tile, then the S^T reduction buffer. The same on
   // both arches (the host pass sees no arch).
@@ -581,7 +581,7 @@ MLAGEN_DEVICE void decode_gfx9(const Params& p, uint8_t* smem) {
 template <class T, class Shape>
 MLAGEN_DEVICE void mla_decode_block(const Params& p) {  // entry.cuh: a code object's `<name>` entry
   extern __shared__ __attribute__((aligned(16))) uint8_t smem[];
-  if constexpr (T::kNative)
+  if constexpr (T::kBody == Body::kGfx950Fp8)
     decode_fp8_native<T, Shape>(p, smem);
   else
     decode_gfx9<T, Shape>(p, smem);

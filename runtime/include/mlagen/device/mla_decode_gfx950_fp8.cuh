@@ -46,7 +46,6 @@ struct NativeFp8Tiling {
   template <QFormat Q>
   using WithQ = NativeFp8Tiling<kKv_, Q>;
   static constexpr Body kBody = Body::kGfx950Fp8;  // the tiling is the body's (codegen/spec.py KernelSpec.body)
-  static constexpr bool kNative = true;
   static constexpr bool kWide = false;
   static constexpr bool kFusedCombine = true;  // no _combine entry (codegen/spec.py merges_own_splits)
   static constexpr float kVUnit = 1.f;
