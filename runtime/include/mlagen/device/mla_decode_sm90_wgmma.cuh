@@ -174,7 +174,9 @@ struct WgE4m3Kv {
   static constexpr int kSRegs = 16;  // S^T m64n32: 16 tokens' hi | lo columns a thread
   static constexpr float kOUnit = 1.f / 256.f;  // P went in x256
 
-  const BlockSetup<Shape>& blk;  // (Params: an argument of the steps, which then read it as the kernel's parameter)
+  // (Params is an argument of the steps, not a member: read through a member reference, the zero
+  // fills' source p.kv was not hoisted and each copy's select became a branch and a load)
+  const BlockSetup<Shape>& blk;
   const uint32_t s_base;
   uint8_t* const smem;  // (s_base's generic address)
   const int tid;

@@ -69,7 +69,9 @@ struct WgBf16Kv {
   static constexpr int kSRegs = 8;  // S^T m64n16: 16 tokens' columns a thread
   static constexpr float kOUnit = 1.f;
 
-  const BlockSetup<Shape>& blk;  // (Params: an argument of the steps, which then read it as the kernel's parameter)
+  // (Params is an argument of the steps, not a member: read through a member reference, the zero
+  // fills' source p.kv was not hoisted and each copy's select became a branch and a load)
+  const BlockSetup<Shape>& blk;
   const uint32_t s_base;
   float* const ostage;  // the epilogue's O staging, [row][kOPitch] floats over the ring
   const int tid;
