@@ -28,10 +28,10 @@ ARCHS = {
 # Tiles an arch's kernels use when neither the tuning table nor the caller says otherwise.
 ARCH_TILES = {"sm90a": dict(block_n=32, stages=4), "gfx950": dict(block_n=32, stages=2),
               "gfx942": dict(block_n=32, stages=2)}
-# Per KV format where it differs. On sm90a tiles of 64 tokens are a warpgroup (wgmma) kernel:
-# fp8 and mxfp4 runtime/include/mlagen/device/mla_decode_sm90_wgmma.cuh, bf16
-# mla_decode_sm90_wgmma_bf16.cuh (72 KB a tile: 2 stages, one block an SM); tiles of 32 the
-# mma.sync ones (bf16 and mxfp4: the wide path, mxfp4 dequantized to bf16).
+# Per KV format where it differs. On sm90a tiles of 64 tokens are the warpgroup (wgmma) kernel
+# (runtime/include/mlagen/device/mla_decode_sm90_wgmma.cuh, the format a policy; a bf16 tile is
+# 72 KB: 2 stages, one block an SM); tiles of 32 the mma.sync ones (bf16 and mxfp4: the wide
+# path, mxfp4 dequantized to bf16).
 FORMAT_TILES = {("sm90a", "bf16"): dict(block_n=64, stages=2),
                 ("sm90a", "fp8e4m3fn"): dict(block_n=64, stages=2),
                 ("sm90a", "mxfp4"): dict(block_n=64, stages=2)}
@@ -89,8 +89,7 @@ OPTIONAL_TAGS = (("h", "num_heads"), ("ql", "q_len"), ("dk", "qk_dim"), ("dv", "
 # enum Body), which the generated file passes in the kernel's tiling type.
 BODIES = {
     "mma": "Body::kMma",                        # 16 rows, mma.sync, every format (mla_decode.cuh decode_mma: MmaKv)
-    "sm90_wgmma": "Body::kSm90Wgmma",           # 16 rows, one warpgroup: fp8, mxfp4 KV
-    "sm90_wgmma_bf16": "Body::kSm90WgmmaBf16",  # 16 rows, one warpgroup: bf16 KV
+    "sm90_wgmma": "Body::kSm90Wgmma",           # 16 rows, one warpgroup, every format (decode_wgmma: WgKv)
     "sm90_rows": "Body::kSm90Rows",             # 32 / 64 rows, three warpgroups: fp8, bf16 KV (a RowsKv policy)
     "gfx9": "Body::kGfx9",                      # 16 rows, MFMA, every format (mla_decode_gfx9.cuh decode_gfx9: Gfx9*Kv)
     "gfx950_fp8": "Body::kGfx950Fp8",           # the native fp8 datapath
@@ -244,8 +243,8 @@ class KernelSpec:
         if self.vendor == "nvidia":
             if self.rows_body:  # one body, the KV format a policy of it (RowsKv)
                 return "sm90_rows"
-            if self.warpgroup:
-                return "sm90_wgmma_bf16" if self.kv_dtype == "bf16" else "sm90_wgmma"
+            if self.warpgroup:  # one body, the KV format a policy of it (WgKv)
+                return "sm90_wgmma"
             return "mma"  # one body, the format a policy of it (MmaKv)
         if self.native_fp8:
             return "gfx950_fp8"

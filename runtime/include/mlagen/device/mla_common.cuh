@@ -29,8 +29,8 @@ constexpr float kLog2e = 1.4426950408889634f;
 enum class Body : int {
   kMma,            // mla_decode.cuh decode_mma: 16 rows a block, four warps of mma.sync, the KV format a policy
                    // (MmaFp8Kv: fp8 expanded in registers; MmaWideKv: bf16 tiles, mxfp4 expanded in smem)
-  kSm90Wgmma,      // mla_decode_sm90_wgmma.cuh: 16 rows, one warpgroup, fp8 or mxfp4 KV in tiles of 64
-  kSm90WgmmaBf16,  // mla_decode_sm90_wgmma_bf16.cuh: 16 rows, one warpgroup, bf16 KV in tiles of 64
+  kSm90Wgmma,      // mla_decode_sm90_wgmma.cuh decode_wgmma: 16 rows, one warpgroup, tiles of 64, the KV format a
+                   // policy (WgE4m3Kv: fp8, mxfp4 through e4m3 wgmmas; WgBf16Kv: bf16)
   kSm90Rows,       // mla_decode_sm90_rows.cuh: 32 or 64 rows, three warpgroups, the KV format a policy (RowsKv)
   kGfx9,           // mla_decode_gfx9.cuh decode_gfx9: 16 rows, four waves of MFMA, the KV format a policy
                    // (Gfx9Fp8Kv; Gfx9WideKv: bf16, mxfp4 expanded in LDS)

@@ -23,7 +23,6 @@
 #pragma once
 #include "mlagen/device/formats.cuh"
 #include "mlagen/device/mla_decode_sm90_wgmma.cuh"
-#include "mlagen/device/mla_decode_sm90_wgmma_bf16.cuh"
 #include "mlagen/device/mla_decode_sm90_rows.cuh"
 
 #if defined(MLAGEN_NVIDIA)
@@ -38,17 +37,14 @@ struct Tiling : TileGeometry<kBlockN_, kStages_, /*warps=*/4> {
   static constexpr QFormat kQ = kQ_;
   template <QFormat Q>
   using WithQ = Tiling<kBody_, kBlockN_, kStages_, kKv_, Q>;  // the same kernel for another q route
-  // The warpgroup (wgmma) bodies walk KV in tiles of 64 tokens, mla_decode_sm90_wgmma.cuh for fp8 or
-  // mxfp4, mla_decode_sm90_wgmma_bf16.cuh for bf16; the mma.sync bodies in tiles of 32 (codegen/spec.py
-  // WARPGROUP_BLOCK_N / WARPGROUP_KV, which choose the body, say the same).
-  static constexpr bool kWarpgroup = kBody == Body::kSm90Wgmma || kBody == Body::kSm90WgmmaBf16;
-  static constexpr bool kWarpgroupBf16 = kBody == Body::kSm90WgmmaBf16;
+  // The warpgroup (wgmma) body walks KV in tiles of 64 tokens (mla_decode_sm90_wgmma.cuh, every
+  // format a policy: WgKv); the mma.sync body in tiles of 32 (codegen/spec.py WARPGROUP_BLOCK_N /
+  // WARPGROUP_KV, which choose the body, say the same).
+  static constexpr bool kWarpgroup = kBody == Body::kSm90Wgmma;
   static constexpr bool kWide = kBody == Body::kMma && KvTraits<kKv>::kWide;  // MmaWideKv: bf16, or mxfp4 in tiles of 32
   static_assert(kBody == Body::kMma || kWarpgroup, "not an NVIDIA 16-row body");
   static_assert(kWarpgroup == (kBlockN_ == WgLayout<kStages_>::kBlockN), "the warpgroup bodies take tiles of 64, the mma.sync ones not");
-  static_assert(kBody != Body::kSm90Wgmma || kKv == KvFormat::kFp8 || kKv == KvFormat::kMxfp4, "the warpgroup body reads fp8 or mxfp4 KV");
-  static_assert(kBody != Body::kSm90WgmmaBf16 || kKv == KvFormat::kBf16, "the bf16 warpgroup body reads bf16 KV");
-  using Wg = std::conditional_t<kWarpgroupBf16, WgBf16Layout<kStages_>, WgLayout<kStages_, kKv_>>;
+  using Wg = WgTileLayout<kStages_, kKv_>;  // (its format policy's tile layout)
   // What the combine multiplies a partial O by, besides the KV scale and 1 / l.
   static constexpr float kVUnit = kWide || kWarpgroup ? 1.f : kVDecodeScale;
   static constexpr int kNTiles = G::kBlockN / 8;  // n8 MMA tiles per KV tile
@@ -568,9 +564,7 @@ template <class T, class Shape>
 MLAGEN_DEVICE void mla_decode_block(const Params& p) {
   extern __shared__ __align__(128) uint8_t smem[];
   static_assert(!RowsBody<T>::value, "the rows body is mla_decode_rows_block (it takes the KV tensor maps too)");
-  if constexpr (T::kBody == Body::kSm90WgmmaBf16)
-    decode_wgmma_bf16<T, Shape>(p, smem);
-  else if constexpr (T::kBody == Body::kSm90Wgmma)
+  if constexpr (T::kBody == Body::kSm90Wgmma)
     decode_wgmma<T, Shape>(p, smem);
   else
     decode_mma<T, Shape>(p, smem);

@@ -1,4 +1,5 @@
-// MLA decode, bf16 KV on sm_90a: the warpgroup (wgmma) kernel for 16 query rows a block.
+// MLA decode, bf16 KV on sm_90a: the bf16 policy of the warpgroup (wgmma) body for 16 query rows a
+// block (mla_decode_sm90_wgmma.cuh decode_wgmma), and its tile layout (the rows body's too).
 //
 // Both products read the KV tile where cp.async landed it; nothing is converted:
 //
@@ -16,6 +17,7 @@
 #pragma once
 #include "mlagen/device/formats.cuh"
 #include "mlagen/device/wg_columns.cuh"
+#include "mlagen/device/kv_rows.cuh"
 
 #if defined(MLAGEN_NVIDIA)
 namespace mlagen::device {
@@ -52,43 +54,71 @@ struct WgBf16Layout {
   }
 };
 
+// ---- the bf16 policy of decode_wgmma ----------------------------------------------------------
+// The tile lands as stored and is both products' A operand (V^T through the descriptor's
+// transpose bit); q and P go in as bf16 (N = 16). The policy holds the thread's O^T and its copy
+// addressing.
 template <class T, class Shape>
-MLAGEN_DEVICE void decode_wgmma_bf16(const Params& p, uint8_t* smem) {
-  using namespace sm90;
+struct WgBf16Kv {
   using L = WgBf16Layout<T::kStages>;
-  constexpr int BN = L::kBlockN, ST = L::kStages, W = 4;
-  static_assert(W == kWgWarps, "one warpgroup: wg_columns.cuh reduces over its 4 warps");
-  static_assert(MLAGEN_WARP_SIZE == 32, "wgmma fragments are defined for 32-lane warps");
-  const uint32_t s_raw = smem_addr(smem);
-  const uint32_t s_base = (s_raw + L::kAlign - 1) & ~static_cast<uint32_t>(L::kAlign - 1);
-  smem += s_base - s_raw;
-  const uint32_t s_q = s_base + L::kQOffset, s_p = s_base + L::kPOffset;
-  float* red_max = reinterpret_cast<float*>(smem + L::kRedOffset);  // [warp][row]
-  float* red_sum = red_max + W * kGroupRows;
+  static constexpr int BN = L::kBlockN, ST = L::kStages;
+  // ST tiles in flight beside the one computed: a slot is refilled as soon as the O wgmmas of its
+  // tile are done (the end of the loop body), so the whole ring flies while the block waits
+  static constexpr int kAhead = ST;
+  static constexpr WgRefill kRefill = WgRefill::kAfterO;
+  static constexpr int kSRegs = 8;  // S^T m64n16: 16 tokens' columns a thread
+  static constexpr float kOUnit = 1.f;
 
-  const int tid = threadIdx.x, w = tid / 32, lane = tid % 32;
-  const int g = lane >> 2, t = lane & 3;
-  const BlockSetup<Shape> blk = block_setup<T, Shape, BN>(p);  // the prologue every body shares (formats.cuh)
-  const int splits = blk.splits, ntiles = blk.range.ntiles,
-            tok_begin = blk.range.tok_begin, tok_end = blk.range.tok_end;
-  bool page_bad = false;
+  // (Params is an argument of the steps, not a member: read through a member reference, the zero
+  // fills' source p.kv was not hoisted and each copy's select became a branch and a load)
+  const BlockSetup<Shape>& blk;
+  const uint32_t s_base;
+  float* const ostage;  // the epilogue's O staging, [row][kOPitch] floats over the ring
+  const int tid;
+  float o[L::kVAtoms][8];  // O^T m64 block mb: o[mb][4 jh + 2 r + e] = dim 64 mb + 16 w + g + 8 r, row 8 jh + 2 t + e
+  float s_scale = 0.f;
 
   // ---- tile copies: tile j into slot j % ST, one commit group a tile (empty past the end) ----
   // A warp instruction copies 4 rows x 128 bytes of one atom (lane l: row 16 k + 4 w + l / 8,
   // chunk l % 8): 36 copies a thread, each offset a per-thread constant plus a compile-time one.
-  constexpr int kRowBlocks = BN / 16;  // the thread's rows 16 k + row_main
-  const int r8 = 4 * (w % 2) + lane / 8, c8 = lane % 8;
-  const uint32_t dst_row = (w / 2) * 1024 + r8 * 128 + ((c8 ^ r8) * 16);
-  const int row_main = 4 * w + lane / 8;
-  const int64_t stride = p.kv_stride_bytes;
-  const uint32_t src_row = static_cast<uint32_t>(row_main * stride) + c8 * 16;  // rows < 64
-  const uint32_t step16 = static_cast<uint32_t>(16 * stride);
-  const bool paged_ids = blk.rows.paged();
+  static constexpr int kRowBlocks = BN / 16;  // the thread's rows 16 k + row_main
+  const int r8, c8;
+  const uint32_t dst_row;
+  const int row_main;
+  const int64_t stride;
+  const uint32_t src_row;  // rows < 64
+  const uint32_t step16;
+  const bool paged_ids;
   TileIds<BN> next_ids{};  // paged: the next tile's page ids, one row a lane, a tile ahead
+  // P^T stores (stmatrix.trans): lane 8 i + q stores row q of matrix i = (jh, r) = (i / 2, i % 2):
+  // P^T row 8 jh + q, tokens 16 w + 8 r .. + 7
+  uint32_t p_store;
+
+  MLAGEN_DEVICE WgBf16Kv(const Params& p_, const BlockSetup<Shape>& blk_, uint32_t s_base_, uint8_t* smem, int tid_)
+      : blk(blk_), s_base(s_base_), ostage(reinterpret_cast<float*>(smem)), tid(tid_),
+        r8(4 * ((tid_ / 32) % 2) + (tid_ % 32) / 8), c8(tid_ % 8),
+        dst_row(((tid_ / 32) / 2) * 1024 + r8 * 128 + ((c8 ^ r8) * 16)),
+        row_main(4 * (tid_ / 32) + (tid_ % 32) / 8),
+        stride(p_.kv_stride_bytes),
+        src_row(static_cast<uint32_t>(row_main * stride) + c8 * 16),
+        step16(static_cast<uint32_t>(16 * stride)),
+        paged_ids(blk_.rows.paged()) {}
+
+  // Before the tile loop: O^T = 0, the lane's P^T store address.
+  MLAGEN_DEVICE void begin_tiles(int w, int, int) {
+#pragma unroll
+    for (int mb = 0; mb < L::kVAtoms; ++mb)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) o[mb][i] = 0.f;
+    const int lane = tid % 32;
+    p_store = s_base + L::kPOffset + ((lane / 8) / 2) * L::kPSbo + (2 * w + (lane / 8) % 2) * L::kPLbo + (lane % 8) * 16;
+  }
+
   // Tile j's copies from `ids` (paged: its page ids).
-  auto issue_tile_from = [&](int j, const TileIds<BN>& ids) {
-    if (j < ntiles) {
-      const int tok0 = tok_begin + j * BN, rows_left = tok_end - tok0;
+  MLAGEN_DEVICE void issue_from(const Params& p, int j, const TileIds<BN>& ids, bool& page_bad) const {
+    using namespace sm90;
+    if (j < blk.range.ntiles) {
+      const int tok0 = blk.range.tok_begin + j * BN, rows_left = blk.range.tok_end - tok0;
       const uint32_t dst = s_base + (j % ST) * L::kStageBytes + dst_row;
       if (rows_left >= BN && blk.rows.template tile_contiguous<BN>()) {  // one run of rows: one base a tile
         const uint8_t* base = paged_ids ? p.kv + ids.row(blk.rows, tok0, 0, page_bad) * stride : blk.rows.ptr(tok0, page_bad);
@@ -99,6 +129,7 @@ MLAGEN_DEVICE void decode_wgmma_bf16(const Params& p, uint8_t* smem) {
           for (int a = 0; a < L::kAtoms; ++a) cp_async_16_full(dst + a * L::kAtomBytes + k * 2048, src + a * 128);
         }
       } else {  // pages shorter than a tile, or a split's short last tile: a row address each
+        const uint8_t* const none = p.kv;  // (a zero fill's source; read once, so that each copy selects it)
         const uint8_t* src[kRowBlocks];  // (all addresses first: the copies' asm clobbers memory)
 #pragma unroll
         for (int k = 0; k < kRowBlocks; ++k) {
@@ -111,90 +142,59 @@ MLAGEN_DEVICE void decode_wgmma_bf16(const Params& p, uint8_t* smem) {
         for (int k = 0; k < kRowBlocks; ++k)
 #pragma unroll
           for (int a = 0; a < L::kAtoms; ++a)
-            cp_async_16(dst + a * L::kAtomBytes + k * 2048, src[k] ? src[k] + a * 128 : p.kv, src[k] != nullptr);
+            cp_async_16(dst + a * L::kAtomBytes + k * 2048, src[k] ? src[k] + a * 128 : none, src[k] != nullptr);
       }
     }
     cp_async_commit();
-  };
+  }
   // The loop's refill: tile j from the ids loaded a tile ago, the next tile's loaded now.
-  auto issue_tile = [&](int j) {
+  MLAGEN_DEVICE void issue(const Params& p, int j, bool& page_bad) {
     const TileIds<BN> ids = next_ids;
-    if (paged_ids && j + 1 < ntiles) next_ids.load(blk.rows, tok_begin + (j + 1) * BN, tok_end, lane);
-    issue_tile_from(j, ids);
-  };
-  // ---- Q as bf16, once: thread -> row h = tid / 8, dims 64 c + 8 part .. + 7 (c = 0..8) ------
-  // (paged: the loads go out beside the first ST tiles' ids, one round trip before the copies;
-  // contiguous: after the copies)
-  const int qh = tid / 8, qpart = tid % 8;
-  auto dim_of = [&](int i) { return 8 * (8 * (i / 2) + qpart) + 4 * (i % 2); };  // values 4 i .. 4 i + 3
-  uint2 q_raw[18];
-  auto load_q = [&] {
+    if (paged_ids && j + 1 < blk.range.ntiles) next_ids.load(blk.rows, blk.range.tok_begin + (j + 1) * BN, blk.range.tok_end, tid % 32);
+    issue_from(p, j, ids, page_bad);
+  }
+  // The ring's first ST tiles and the q loads (load_q): paged, the loads go out beside the first
+  // tiles' ids, one round trip before the copies; contiguous, after the copies.
+  template <class LoadQ>
+  MLAGEN_DEVICE void start(const Params& p, LoadQ&& load_q, bool& page_bad) {
+    const int lane = tid % 32, tok_begin = blk.range.tok_begin, tok_end = blk.range.tok_end;
+    if (paged_ids) {
+      TileIds<BN> first[ST];
 #pragma unroll
-    for (int i = 0; i < 18; ++i) q_raw[i] = load_q4_raw<T::kQ>(p, blk.qr.token(qh), blk.qr.head(qh), dim_of(i));
-  };
-  // A slot is refilled as soon as the O wgmmas of its tile are done (the end of the loop body):
-  // ST tiles fly while the block waits for one.
-  if (paged_ids) {
-    TileIds<BN> first[ST];
+      for (int j = 0; j < ST; ++j) first[j].load(blk.rows, tok_begin + j * BN, tok_end, lane);
+      load_q();
 #pragma unroll
-    for (int j = 0; j < ST; ++j) first[j].load(blk.rows, tok_begin + j * BN, tok_end, lane);
-    load_q();
+      for (int j = 0; j < ST; ++j) issue_from(p, j, first[j], page_bad);
+      if (ST < blk.range.ntiles) next_ids.load(blk.rows, tok_begin + ST * BN, tok_end, lane);
+    } else {
 #pragma unroll
-    for (int j = 0; j < ST; ++j) issue_tile_from(j, first[j]);
-    if (ST < ntiles) next_ids.load(blk.rows, tok_begin + ST * BN, tok_end, lane);
-  } else {
-#pragma unroll
-    for (int j = 0; j < ST; ++j) issue_tile_from(j, next_ids);
-    load_q();
+      for (int j = 0; j < ST; ++j) issue_from(p, j, next_ids, page_bad);
+      load_q();
+    }
   }
 
-  const QQuant qq = [&] {
-    const QQuant quant = q_setup<T::kQ>(p, blk.q_given);  // (after the q loads: see decode_wgmma)
+  // Q as bf16 rows: thread -> row h, dims 64 c + 8 part .. + 7 (c = 0..8); exact in bf16 for
+  // every q format.
+  template <class DimOf>
+  MLAGEN_DEVICE void stage_q(const QQuant& qq, const uint2 (&q_raw)[18], uint32_t s_q, int h, int, DimOf&& dim_of) const {
+    using namespace sm90;
 #pragma unroll
     for (int i = 0; i < 18; ++i) {
-      const float4 v = q4_from_raw<T::kQ>(quant, q_raw[i]);  // exact in bf16 for every q format
-      const uint32_t at = s_q + L::q_at(qh, 2 * dim_of(i));
+      const float4 v = q4_from_raw<T::kQ>(qq, q_raw[i]);
+      const uint32_t at = s_q + L::q_at(h, 2 * dim_of(i));
       sts32(at, pack_bf16x2_rn(v.x, v.y));
       sts32(at + 4, pack_bf16x2_rn(v.z, v.w));
     }
-    return quant;
-  }();
-  fence_proxy_async_smem();
-  __syncthreads();
-  const float s_scale = qq.scale * p.sm_scale * kLog2e;  // log2 domain (bf16 KV: no KV scale)
-
-  // This thread's query rows (columns of S^T and O^T): slot k -> row wg_column(k, t).
-  int head[4], key_end[4];
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    head[k] = wg_column(k, t);
-    key_end[k] = min(tok_end, blk.qr.key_end(head[k]));  // causal: the row's last key + 1
   }
-  float o[L::kVAtoms][8];  // O^T m64 block mb: o[mb][4 jh + 2 r + e] = dim 64 mb + 16 w + g + 8 r, row 8 jh + 2 t + e
-#pragma unroll
-  for (int mb = 0; mb < L::kVAtoms; ++mb)
-#pragma unroll
-    for (int i = 0; i < 8; ++i) o[mb][i] = 0.f;
-  float m[4], l[4];
-#pragma unroll
-  for (int k = 0; k < 4; ++k) m[k] = -INFINITY, l[k] = 0.f;
-  const uint64_t q_desc = wgmma_desc(s_q, L::kQLbo, L::kQSbo);
-  const uint64_t p_desc = wgmma_desc(s_p, L::kPLbo, L::kPSbo);
-  const int row0 = 16 * w + g;  // tile token of accumulator row g (row g + 8: +8)
-  // P^T stores (stmatrix.trans): lane 8 i + q stores row q of matrix i = (jh, r) = (i / 2, i % 2):
-  // P^T row 8 jh + q, tokens 16 w + 8 r .. + 7
-  const uint32_t p_store = s_p + ((lane / 8) / 2) * L::kPSbo + (2 * w + (lane / 8) % 2) * L::kPLbo + (lane % 8) * 16;
+  MLAGEN_DEVICE void scale_columns(const Params& p, const QQuant& qq, const int (&)[4]) {
+    s_scale = qq.scale * p.sm_scale * kLog2e;  // log2 domain (bf16 KV: no KV scale)
+  }
+  // The tile the products read once tile `it` landed: its slot.
+  MLAGEN_DEVICE uint32_t operand_tile(const Params&, int it, int) const { return s_base + (it % ST) * L::kStageBytes; }
 
-  for (int it = 0; it < ntiles; ++it) {
-    cp_async_wait<ST - 1>();  // tile `it` landed (later ones may still fly)
-    fence_proxy_async_smem();
-    __syncthreads();  // ... for every thread; P and the maxima are free
-    const uint32_t tile = s_base + (it % ST) * L::kStageBytes;
-
-    // ---- S^T: 36 k-steps of 16 dims (4 into each atom) ---------------------------------------
-    float s[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) s[i] = 0.f;
+  // S^T: 36 k-steps of 16 dims (4 into each atom), issued and committed (the body waits).
+  MLAGEN_DEVICE void scores(float (&s)[kSRegs], uint32_t tile, uint64_t q_desc) const {
+    using namespace sm90;
     const uint64_t k_desc = wgmma_desc(tile, 16, 1024, WgmmaSwizzle::k128B);
     wgmma_fence_regs(s);
     wgmma_fence();
@@ -203,46 +203,33 @@ MLAGEN_DEVICE void decode_wgmma_bf16(const Params& p, uint8_t* smem) {
       wgmma_m64n16k16_bf16_ss(s, wgmma_desc_advance(k_desc, (ks / 4) * L::kAtomBytes + (ks % 4) * 32),
                               wgmma_desc_advance(q_desc, 2 * ks * L::kQLbo), ks > 0);
     wgmma_commit();
-    wgmma_wait<0>();
-    wgmma_fence_regs(s);
-
-    // ---- softmax: the rows' tile maxima meet in shared memory --------------------------------
-    const int tok0 = tok_begin + it * BN;
-    float sv[2][4], tm[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int jh = k / 2, e = k % 2;
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-        sv[r][k] = tok0 + row0 + 8 * r < key_end[k] ? s[4 * jh + 2 * r + e] * s_scale : -INFINITY;
-    }
-    wg_column_max(sv, head, red_max, w, g, tm);
-    float alpha[4];
-    bool rescale = false;
-    uint32_t pw[2][2];  // P as bf16 pairs: [jh][r] = (row 8 jh + 2t, + 1) at token row0 + 8 r
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      alpha[k] = online_step<Shape::kRowsEndEarly>(m[k], tm[k]);
-      rescale |= alpha[k] != 1.f;
-      const float mb = step_base<Shape::kRowsEndEarly>(m[k]);  // (a row with no key yet: P = 0)
-      sv[0][k] = fast_exp2(sv[0][k] - mb);
-      sv[1][k] = fast_exp2(sv[1][k] - mb);
-      l[k] = l[k] * alpha[k] + sv[0][k] + sv[1][k];
-    }
+  }
+  // Slot k's S (log2 domain) at the thread's tokens r = 0, 1 (row0 + 8 r).
+  MLAGEN_DEVICE float score(const float (&s)[kSRegs], int k, int r) const { return s[4 * (k / 2) + 2 * r + k % 2] * s_scale; }
+  MLAGEN_DEVICE float exponent(float sv, int) const { return sv; }
+  MLAGEN_DEVICE static float sum_step(float l_alpha, float p0, float p1, const float (&)[2], float) { return l_alpha + p0 + p1; }
+  // P as bf16 pairs: [jh][r] = (row 8 jh + 2t, + 1) at token row0 + 8 r, one stmatrix.trans.
+  MLAGEN_DEVICE void store_p(uint32_t, const float (&pv)[2][4], const int (&)[4], int) const {
+    using namespace sm90;
+    uint32_t pw[2][2];
 #pragma unroll
     for (int jh = 0; jh < 2; ++jh)
 #pragma unroll
-      for (int r = 0; r < 2; ++r) pw[jh][r] = pack_bf16x2_rn(sv[r][2 * jh], sv[r][2 * jh + 1]);
+      for (int r = 0; r < 2; ++r) pw[jh][r] = pack_bf16x2_rn(pv[r][2 * jh], pv[r][2 * jh + 1]);
     stmatrix_x4_trans(p_store, pw[0][0], pw[0][1], pw[1][0], pw[1][1]);
-    if (__any_sync(0xffffffffu, rescale))  // the running max moved for some row of the warp
+  }
+  MLAGEN_DEVICE void rescale(const float (&alpha)[4]) {
 #pragma unroll
-      for (int mb = 0; mb < L::kVAtoms; ++mb)
+    for (int mb = 0; mb < L::kVAtoms; ++mb)
 #pragma unroll
-        for (int i = 0; i < 8; ++i) o[mb][i] *= alpha[2 * (i / 4) + (i % 2)];
-    fence_proxy_async_smem();
-    __syncthreads();  // P complete
+      for (int i = 0; i < 8; ++i) o[mb][i] *= alpha[2 * (i / 4) + (i % 2)];
+  }
 
-    // ---- O^T += V^T P^T: 4 k-steps of 16 tokens x 8 m64 blocks ------------------------------
+  struct VFirst {};  // V^T is the tile itself, through the descriptor: nothing to load early
+  MLAGEN_DEVICE VFirst v_first(uint32_t) const { return {}; }
+  // O^T += V^T P^T: 4 k-steps of 16 tokens x 8 m64 blocks, V^T = the tile read M-major.
+  MLAGEN_DEVICE void accumulate(uint32_t tile, VFirst&, uint64_t p_desc) {
+    using namespace sm90;
     const uint64_t v_desc = wgmma_desc(tile, L::kAtomBytes, 1024, WgmmaSwizzle::k128B);
 #pragma unroll
     for (int mb = 0; mb < L::kVAtoms; ++mb) wgmma_fence_regs(o[mb]);
@@ -257,29 +244,23 @@ MLAGEN_DEVICE void decode_wgmma_bf16(const Params& p, uint8_t* smem) {
     wgmma_wait<0>();
 #pragma unroll
     for (int mb = 0; mb < L::kVAtoms; ++mb) wgmma_fence_regs(o[mb]);
-    __syncthreads();  // every warp's wgmmas are done with slot it % ST: refill it
-    issue_tile(it + ST);
   }
-  cp_async_wait<0>();
-  const bool bad = blk.rows.block_any_bad(p, page_bad) || blk.seq.bad;
 
-  // ---- epilogue: l over the 8 row lanes and the 4 warps, O through shared memory -------------
-  // (the sum's barrier also puts every thread past the loop: the ring is free for the O staging)
-  wg_column_sum(l, head, red_sum, w, g);
-  float* ostage = reinterpret_cast<float*>(smem);  // [row][kOPitch]
-  write_rows(p, blk.qr, splits, [&](const auto& out) {
+  // The epilogue: O through shared memory (the ring is free: the l sum's barrier put every thread
+  // past the loop). Slot k's row into the staging, then (store_rows_staged) row h = tid / 8 in runs
+  // of 8 dims, 8 lanes a row.
+  MLAGEN_DEVICE float o_scale() const { return 1.f; }
+  template <class Out>
+  MLAGEN_DEVICE void store_row(const Out&, int k, int head, float inv, int w, int g) const {
+    const int jh = k / 2, e = k % 2;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int jh = k / 2, e = k % 2;
-      const float inv = out.scale(l[k], 1.f, bad);
+    for (int mb = 0; mb < L::kVAtoms; ++mb)
 #pragma unroll
-      for (int mb = 0; mb < L::kVAtoms; ++mb)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) ostage[head[k] * L::kOPitch + 64 * mb + 16 * w + g + 8 * r] = o[mb][4 * jh + 2 * r + e] * inv;
-      if (w == 0 && g == 0) out.state(head[k], m[k], l[k], bad);
-    }
+      for (int r = 0; r < 2; ++r) ostage[head * L::kOPitch + 64 * mb + 16 * w + g + 8 * r] = o[mb][4 * jh + 2 * r + e] * inv;
+  }
+  template <class Out>
+  MLAGEN_DEVICE void store_rows_staged(const Out& out) const {
     __syncthreads();
-    // row h = tid / 8: runs of 8 dims, 8 lanes a row
     const int h = tid / 8, part = tid % 8;
     const float* src = ostage + h * L::kOPitch;
     const auto dst = out.row(h);
@@ -290,8 +271,8 @@ MLAGEN_DEVICE void decode_wgmma_bf16(const Params& p, uint8_t* smem) {
       const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
       dst.put(d, v);
     }
-  });
-}
+  }
+};
 
 }  // namespace mlagen::device
 #endif  // MLAGEN_NVIDIA

@@ -3,7 +3,8 @@
 // 16 w + g + 8 (g = lane / 4) of the columns head[k] = 8 (k / 2) + 2 t + k % 2 (t = lane % 4,
 // slot k = 0..3). A column's max or sum over the tile's tokens takes the warp's 8 row lanes
 // (shuffles across g), then its 4 warps (shared memory: `red`, [4][kGroupRows] floats, one barrier).
-// Both sm90 warpgroup bodies use them (mla_decode_sm90_wgmma.cuh, mla_decode_sm90_wgmma_bf16.cuh).
+// The 16-row warpgroup body uses them (mla_decode_sm90_wgmma.cuh decode_wgmma, every KV format; the
+// rows body its column map, wg_column), and what that body's format policies share (WgRefill).
 #pragma once
 #include "mlagen/device/mla_common.cuh"
 
@@ -11,6 +12,12 @@
 namespace mlagen::device {
 
 constexpr int kWgWarps = 4;
+
+// Where decode_wgmma's tile loop refills the ring (a format policy's kRefill), tile it + kAhead
+// into the slot a tile frees: right after the loop's barrier (kOnLanded: the slot of tile it - 1),
+// while the tensor cores run S (kDuringScores: the same slot), or once O is done with tile it's
+// own slot, behind a barrier (kAfterO).
+enum class WgRefill { kOnLanded, kDuringScores, kAfterO };
 
 // The N column (query row) of a thread's accumulator slot k: slot k of lane (g, t) holds columns
 // 8 (k / 2) + 2 t + k % 2 of an m64nN wgmma accumulator (k < N / 4; the 16-row bodies use k < 4).
