@@ -67,6 +67,23 @@ static_assert(sizeof(CUtensorMap) == sizeof(TensorMapBytes) && alignof(CUtensorM
 template <KvFormat kKv, int kStages>
 struct RowsKv;
 
+// A thread's row copies of a 64-row tile (cp.async, the path for rows that are not one run):
+// rows rm + 16 i (i < 4), 16-byte chunk c8 of each row's 128 bytes in atoms [a0, a0 + kAtoms) of
+// kAtomBytes (dst: the thread's place in the tile's first atom, 128B swizzle), zero-filled past
+// rows_left. Both formats' V atoms.
+template <int kAtoms, uint32_t kAtomBytes, class Rows>
+MLAGEN_DEVICE void copy_atom_rows(uint32_t dst, const Params& p, const Rows& kv, int tok0, int rows_left, int rm, int c8,
+                                  int a0, bool& page_bad) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int r = rm + 16 * i;
+    const uint8_t* src = r < rows_left ? kv.ptr(tok0 + r, page_bad) : nullptr;
+#pragma unroll
+    for (int a = a0; a < a0 + kAtoms; ++a)
+      sm90::cp_async_16(dst + i * 2048 + a * kAtomBytes, src ? src + a * 128 + c8 * 16 : p.kv, src != nullptr);
+  }
+}
+
 // fp8: the 16-row warpgroup kernel's tile (WgLayout: 4 atoms of 128 dims, 128B swizzle, and a
 // 64B-swizzle rope atom; 36 KB a stage). S^T in e4m3 (a bf16 q split hi + lo: N = 2 R); P^T f16;
 // V^T converted to f16 in registers (each thread's 8 dims of two tokens: one 8-byte load a token,
@@ -106,15 +123,7 @@ struct RowsKv<KvFormat::kFp8, kStages> {
     template <class Rows, class WaitP>
     MLAGEN_DEVICE void rows(uint32_t dst, const Params& p, const Rows& kv, int tok0, int rows_left, bool& page_bad,
                             WaitP&&) const {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int r = rm + 16 * i;
-        const uint8_t* src = r < rows_left ? kv.ptr(tok0 + r, page_bad) : nullptr;
-#pragma unroll
-        for (int a = a0; a < a0 + 2; ++a)
-          sm90::cp_async_16(dst + dst_main + i * 2048 + a * Tile::kAtom128Bytes, src ? src + a * 128 + c8 * 16 : p.kv,
-                            src != nullptr);
-      }
+      copy_atom_rows<2, Tile::kAtom128Bytes>(dst + dst_main, p, kv, tok0, rows_left, rm, c8, a0, page_bad);
       const uint8_t* src = rr < rows_left ? kv.ptr(tok0 + rr, page_bad) : nullptr;
       sm90::cp_async_16(dst + dst_rope, src ? src + 512 + c4 * 16 : p.kv, src != nullptr);
     }
@@ -263,16 +272,7 @@ struct RowsKv<KvFormat::kBf16, kStages> {
     template <class Rows, class WaitP>
     MLAGEN_DEVICE void rows(uint32_t dst, const Params& p, const Rows& kv, int tok0, int rows_left, bool& page_bad,
                             WaitP&& wait_p) const {
-      const int a0 = 4 * oc;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int r = rm + 16 * i;
-        const uint8_t* src = r < rows_left ? kv.ptr(tok0 + r, page_bad) : nullptr;
-#pragma unroll
-        for (int a = a0; a < a0 + 4; ++a)
-          sm90::cp_async_16(dst + dst_main + i * 2048 + a * Tile::kAtomBytes, src ? src + a * 128 + c8 * 16 : p.kv,
-                            src != nullptr);
-      }
+      copy_atom_rows<4, Tile::kAtomBytes>(dst + dst_main, p, kv, tok0, rows_left, rm, c8, 4 * oc, page_bad);
       wait_p();
 #pragma unroll
       for (int i = 0; i < 2; ++i) {

@@ -23,47 +23,40 @@ enum class WgRefill { kOnLanded, kDuringScores, kAfterO };
 // 8 (k / 2) + 2 t + k % 2 of an m64nN wgmma accumulator (k < N / 4; the 16-row bodies use k < 4).
 MLAGEN_DEVICE constexpr int wg_column(int k, int t) { return 8 * (k / 2) + 2 * t + k % 2; }
 
-// tm[k]: the max of column head[k] over the tile, from x[r][k] (the thread's tokens g + 8 r).
-// Every thread of the block calls it (a barrier); red is free again at the next barrier.
-MLAGEN_DEVICE void wg_column_max(const float (&x)[2][4], const int (&head)[4], float* red, int w, int g,
-                                 float (&tm)[4]) {
-  float mx[4];
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    mx[k] = fmaxf(x[0][k], x[1][k]);
-#pragma unroll
-    for (int o2 = 4; o2 < 32; o2 *= 2) mx[k] = fmaxf(mx[k], __shfl_xor(mx[k], o2));
-  }
-  if (g == 0)
-#pragma unroll
-    for (int k = 0; k < 4; ++k) red[w * kGroupRows + head[k]] = mx[k];
-  __syncthreads();
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    tm[k] = red[head[k]];
-#pragma unroll
-    for (int ww = 1; ww < kWgWarps; ++ww) tm[k] = fmaxf(tm[k], red[ww * kGroupRows + head[k]]);
-  }
-}
-
-// v[k] becomes the sum of column head[k]'s partials over every thread of the block that holds
-// the column (the thread's own partial in, the column's total out). A barrier, as above.
-MLAGEN_DEVICE void wg_column_sum(float (&v)[4], const int (&head)[4], float* red, int w, int g) {
+// v[k] becomes op over the values of column head[k] that every thread of the block holding the
+// column brings (its own in): the warp's 8 row lanes by shuffles, then the 4 warps through `red`
+// behind one barrier. Every thread of the block calls it; red is free again at the next barrier.
+template <class Op>
+MLAGEN_DEVICE void wg_column_reduce(float (&v)[4], const int (&head)[4], float* red, int w, int g, Op op) {
 #pragma unroll
   for (int k = 0; k < 4; ++k)
 #pragma unroll
-    for (int o2 = 4; o2 < 32; o2 *= 2) v[k] += __shfl_xor(v[k], o2);
+    for (int o2 = 4; o2 < 32; o2 *= 2) v[k] = op(v[k], __shfl_xor(v[k], o2));
   if (g == 0)
 #pragma unroll
     for (int k = 0; k < 4; ++k) red[w * kGroupRows + head[k]] = v[k];
   __syncthreads();
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    float sum = 0.f;
+    float acc = red[head[k]];
 #pragma unroll
-    for (int ww = 0; ww < kWgWarps; ++ww) sum += red[ww * kGroupRows + head[k]];
-    v[k] = sum;
+    for (int ww = 1; ww < kWgWarps; ++ww) acc = op(acc, red[ww * kGroupRows + head[k]]);
+    v[k] = acc;
   }
+}
+
+// tm[k]: the max of column head[k] over the tile, from x[r][k] (the thread's tokens g + 8 r).
+MLAGEN_DEVICE void wg_column_max(const float (&x)[2][4], const int (&head)[4], float* red, int w, int g,
+                                 float (&tm)[4]) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) tm[k] = fmaxf(x[0][k], x[1][k]);
+  wg_column_reduce(tm, head, red, w, g, [](float a, float b) { return fmaxf(a, b); });
+}
+
+// v[k] becomes the sum of column head[k]'s partials (the thread's own partial in, the column's
+// total out).
+MLAGEN_DEVICE void wg_column_sum(float (&v)[4], const int (&head)[4], float* red, int w, int g) {
+  wg_column_reduce(v, head, red, w, g, [](float a, float b) { return a + b; });
 }
 
 }  // namespace mlagen::device
