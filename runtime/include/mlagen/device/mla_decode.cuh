@@ -44,7 +44,8 @@ struct Tiling : TileGeometry<kBlockN_, kStages_, /*warps=*/4> {
   static constexpr bool kWide = kBody == Body::kMma && KvTraits<kKv>::kWide;  // MmaWideKv: bf16, or mxfp4 in tiles of 32
   static_assert(kBody == Body::kMma || kWarpgroup, "not an NVIDIA 16-row body");
   static_assert(kWarpgroup == (kBlockN_ == WgLayout<kStages_>::kBlockN), "the warpgroup bodies take tiles of 64, the mma.sync ones not");
-  using Wg = WgTileLayout<kStages_, kKv_>;  // (its format policy's tile layout)
+  // the warpgroup body's tile layout (its format policy's); the mma body's tiles are its own (below)
+  using Wg = std::conditional_t<kWarpgroup, WgTileLayout<kStages_, kKv_>, WgLayout<kStages_, kKv_>>;
   // What the combine multiplies a partial O by, besides the KV scale and 1 / l.
   static constexpr float kVUnit = kWide || kWarpgroup ? 1.f : kVDecodeScale;
   static constexpr int kNTiles = G::kBlockN / 8;  // n8 MMA tiles per KV tile
