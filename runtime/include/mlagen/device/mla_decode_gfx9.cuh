@@ -497,32 +497,21 @@ MLAGEN_DEVICE void write_result(const Params& p, const OTile& o, float m, float 
   const int i = lane & 15, j = lane >> 4;
   l += __shfl_xor(l, 16);
   l += __shfl_xor(l, 32);
-  if (splits == 1) {
-    if (!qr.owns(i)) return;  // a padding row
-    const float inv = out_scale(l, o_scale, bad);
-    const int64_t tok = qr.token(i);
-    const int head = qr.head(i);
-    if (wave == 0 && j == 0) store_lse(p, tok, head, m, l, bad);
-    uint16_t* out = p.out + tok * p.out_stride_token + head * p.out_stride_head + wave * T::kVDimsPerWarp + 16 * j;
-#pragma unroll
-    for (int blk = 0; blk < 2; ++blk) {
-      uint32_t w[8];
-#pragma unroll
-      for (int e = 0; e < 16; e += 2)
-        w[e / 2] = pack_bf16x2(o[blk][e % 4][e / 4] * inv, o[blk][(e + 1) % 4][(e + 1) / 4] * inv);
-      reinterpret_cast<uint4*>(out + 64 * blk)[0] = make_uint4(w[0], w[1], w[2], w[3]);
-      reinterpret_cast<uint4*>(out + 64 * blk)[1] = make_uint4(w[4], w[5], w[6], w[7]);
-    }
-  } else {
-    float* po = p.part_o + qr.part(i) * kVDim + wave * T::kVDimsPerWarp + 16 * j;
+  // lane (i, j): row i's dims wave * 128 + 16 j + 64 blk + e, e < 16, value o[blk][e % 4][e / 4]
+  write_rows(p, qr, splits, [&](const auto& out) {
+    const float inv = out.scale(l, o_scale, bad);
+    const auto dst = out.row(i);
 #pragma unroll
     for (int blk = 0; blk < 2; ++blk)
 #pragma unroll
-      for (int e = 0; e < 16; e += 4)
-        *reinterpret_cast<float4*>(po + 64 * blk + e) =
-            make_float4(o[blk][0][e / 4], o[blk][1][e / 4], o[blk][2][e / 4], o[blk][3][e / 4]);
-    if (wave == 0 && j == 0) p.part_ml[qr.part(i)] = split_state(m, l, bad);
-  }
+      for (int half = 0; half < 2; ++half) {
+        float v[8];
+#pragma unroll
+        for (int x = 0; x < 8; ++x) v[x] = o[blk][(8 * half + x) % 4][(8 * half + x) / 4] * inv;
+        dst.put(wave * T::kVDimsPerWarp + 16 * j + 64 * blk + 8 * half, v);
+      }
+    if (wave == 0 && j == 0) out.state(i, m, l, bad);
+  });
 }
 
 template <class T, class Shape>

@@ -383,22 +383,20 @@ MLAGEN_DEVICE void decode_fp8_native(const Params& p, uint8_t* /*smem: unused, s
     acc[e] = a.x, acc[e + 1] = a.y, acc[e + 2] = a.z, acc[e + 3] = a.w;
   }
 
-  if (splits == 1) {
-    const float inv = out_scale(lh, kv_scale, bad);
-    if (!owns) return;
-    if (threadIdx.x % 16 == 0) store_lse(p, tok, head, mh, lh, bad);
-    uint4* out = reinterpret_cast<uint4*>(p.out + tok * p.out_stride_token + head * p.out_stride_head + d0);
+  // the row's bf16 output and LSE (one split), or its partial and (m, l) (mla_common.cuh write_rows)
+  write_rows(p, blk.qr, splits, [&](const auto& out) {
+    const float inv = out.scale(lh, kv_scale, bad);
+    const auto dst = out.row(h);
 #pragma unroll
-    for (int e = 0; e < 32; e += 8)
-      out[e / 8] = make_uint4(pack_bf16x2(acc[e] * inv, acc[e + 1] * inv), pack_bf16x2(acc[e + 2] * inv, acc[e + 3] * inv),
-                              pack_bf16x2(acc[e + 4] * inv, acc[e + 5] * inv), pack_bf16x2(acc[e + 6] * inv, acc[e + 7] * inv));
-    return;
-  }
-  // ---- a split's partial; the last split of the (sequence, row group) to finish merges them
-  float4* po = reinterpret_cast<float4*>(p.part_o + blk.qr.part(h) * kVDim + d0);  // padding rows too: harmless
-#pragma unroll
-  for (int e = 0; e < 32; e += 4) po[e / 4] = make_float4(acc[e], acc[e + 1], acc[e + 2], acc[e + 3]);
-  if (threadIdx.x % 16 == 0) p.part_ml[blk.qr.part(h)] = split_state(mh, lh, bad);
+    for (int e = 0; e < 32; e += 8) {
+      const float v[8] = {acc[e] * inv,     acc[e + 1] * inv, acc[e + 2] * inv, acc[e + 3] * inv,
+                          acc[e + 4] * inv, acc[e + 5] * inv, acc[e + 6] * inv, acc[e + 7] * inv};
+      dst.put(d0 + e, v);
+    }
+    if (threadIdx.x % 16 == 0) out.state(h, mh, lh, bad);
+  });
+  if (splits == 1) return;
+  // ---- the last split of the (sequence, row group) to finish merges the partials
   __threadfence();  // release: this block's partial before its arrival
   __syncthreads();
   int* last = reinterpret_cast<int*>(lds_ml + T::kMlBytes);
