@@ -69,7 +69,28 @@ SPLIT_MAX, SPLIT_MIN_TOKENS = 32, 64
 # (shapes.txt) keep the catalog's choice.
 ROWS_BODY_MIN_WORK = 1 << 18
 Q_DTYPES = ("bf16", "fp8")
-KV_DTYPES = ("bf16", "fp8e4m3fn", "fp8e4m3fnuz", "mxfp4")
+# The KV formats, one row each: what the generator, the runtime's registry and the tools need of a
+# format (docs/design-policies.md, "Adding a KV format"). row_bytes: a KV row's bytes; stride_unit:
+# the unit of kv_stride_token in bytes; scale: 0 none, 1 one float32, 2 E8M0 rows (what the runtime
+# checks a problem's KV against: registry rows carry them); device: the device code's enum
+# (runtime/include/mlagen/device/formats.cuh KvFormat; the fp8 flavours share one); bf16_operand:
+# the MMAs take bf16 operands (as stored, or expanded from the format) rather than fp8 / f16 ones.
+@dataclass(frozen=True)
+class KvFormatFacts:
+    row_bytes: int
+    stride_unit: int
+    scale: int
+    device: str
+    bf16_operand: bool
+
+
+KV_FORMATS = {
+    "bf16": KvFormatFacts(1152, 2, 0, "KvFormat::kBf16", True),
+    "fp8e4m3fn": KvFormatFacts(576, 1, 1, "KvFormat::kFp8", False),
+    "fp8e4m3fnuz": KvFormatFacts(576, 1, 1, "KvFormat::kFp8", False),
+    "mxfp4": KvFormatFacts(288, 1, 2, "KvFormat::kMxfp4", True),
+}
+KV_DTYPES = tuple(KV_FORMATS)
 
 # What the device code implements, per arch. The spec grammar is wider on purpose: formats
 # slot in by widening these sets, not by changing names. fp8 means the arch's flavour.
@@ -133,9 +154,8 @@ def rows_body_tiles(arch: str, q_dtype: str, kv_dtype: str, rows: int | None = N
 def row_groups(num_heads: int, q_len: int) -> int:
     """Blocks of ROWS_A_BLOCK query rows a sequence (runtime/include/mlagen/internal.h row_groups)."""
     return -(-num_heads * q_len // ROWS_A_BLOCK)
-# KV row bytes, the unit of kv_stride_token in bytes, and the scale kind (0 none, 1 one float32,
-# 2 E8M0 rows): what the runtime checks a problem's KV against (registry rows carry them)
-KV_LAYOUT = {"bf16": (1152, 2, 0), "fp8e4m3fn": (576, 1, 1), "fp8e4m3fnuz": (576, 1, 1), "mxfp4": (288, 1, 2)}
+# KV row bytes, the unit of kv_stride_token in bytes, and the scale kind (KV_FORMATS)
+KV_LAYOUT = {name: (f.row_bytes, f.stride_unit, f.scale) for name, f in KV_FORMATS.items()}
 
 
 class SpecError(ValueError):

@@ -78,7 +78,11 @@ REQUIRED_MFMA = {("gfx950", "f16"): "v_mfma_f32_16x16x32_f16", ("gfx942", "f16")
                  # gfx950 fp8 KV: the native fp8 kernel (fp8 x fp8, nothing dequantized)
                  ("gfx950", "fp8"): "v_mfma_f32_16x16x128_f8f6f4,v_mfma_f32_16x16x32_fp8_fp8",
                  ("gfx950", "bf16"): "v_mfma_f32_16x16x32_bf16", ("gfx942", "bf16"): "v_mfma_f32_16x16x16_bf16"}
-WIDE_KV_RE = re.compile(r"_kv(bf16|mxfp4)(_|\.hip$)")  # the KV dtype tag of a generated kernel's name
+sys.path.insert(0, REPO)
+from codegen.spec import KV_FORMATS  # noqa: E402  (the formats whose MMAs take bf16 operands)
+
+# the KV dtype tag of a generated kernel's name, for the formats computed on bf16 operands
+WIDE_KV_RE = re.compile(r"_kv(" + "|".join(n for n, f in KV_FORMATS.items() if f.bf16_operand) + r")(_|\.hip$)")
 
 
 def required_mfma(arch: str, source: str) -> str:
