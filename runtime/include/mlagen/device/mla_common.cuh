@@ -254,7 +254,6 @@ struct SplitMerge {
   MLAGEN_DEVICE float scale(float o_scale) const {
     return bad || lsum != lsum ? quiet_nan() : (lsum > 0.f ? o_scale / lsum : 0.f);
   }
-  MLAGEN_DEVICE float lse() const { return lse_of(mmax, lsum, bad); }
 };
 
 // A load of a value another block of this grid (or the decode grid before it) wrote: the split
@@ -300,16 +299,25 @@ MLAGEN_DEVICE SplitMerge merge_row(const Params& p, int splits, int64_t part0, i
   return mg;
 }
 
-// Writes 4 dims of a merged row (merge_row) at (tok, head), as bf16 times mg.scale(o_scale), and
-// the row's LSE where `lse_writer` (one thread a row).
+// Writes N dims of a merged row at (tok, head), from `dim`: bf16 times mg.scale(o_scale), in runs of
+// up to 8 (the epilogue's RowDst); and the row's LSE where `lse_writer` (one thread a row). The
+// merges' epilogue: the combine kernel's and the in-launch merge's 4 dims a thread, the gfx950
+// body's 32.
+template <int N>
 MLAGEN_DEVICE void store_merged(const Params& p, const SplitMerge& mg, float o_scale, int64_t tok, int head, int dim,
-                                const float4& acc, bool lse_writer) {
+                                const float (&acc)[N], bool lse_writer) {
+  constexpr int K = N < 8 ? N : 8;
+  static_assert(N % K == 0, "runs of 8 dims");
   const float inv = mg.scale(o_scale);
-  uint2 v;
-  v.x = pack_bf16x2(acc.x * inv, acc.y * inv);
-  v.y = pack_bf16x2(acc.z * inv, acc.w * inv);
-  *reinterpret_cast<uint2*>(p.out + tok * p.out_stride_token + head * p.out_stride_head + dim) = v;
-  if (lse_writer && p.lse) p.lse[tok * p.lse_stride_token + head] = mg.lse();
+  const RowDst<true> dst{p.out + tok * p.out_stride_token + head * p.out_stride_head, true};
+#pragma unroll
+  for (int c = 0; c < N / K; ++c) {
+    float v[K];
+#pragma unroll
+    for (int i = 0; i < K; ++i) v[i] = acc[K * c + i] * inv;
+    dst.put(dim + K * c, v);
+  }
+  if (lse_writer) store_lse(p, tok, head, mg.mmax, mg.lsum, mg.bad);
 }
 
 // What a merged partial O is multiplied by besides 1 / l: the per-tensor KV scale where the body
@@ -341,7 +349,8 @@ MLAGEN_DEVICE void mla_combine_block(const Params& p) {
   const int dim = 4 * static_cast<int>(threadIdx.x);
   float4 acc;
   const SplitMerge mg = merge_row<8>(p, splits, rows.part(j), stride, dim, acc);  // from split 0's row (slot b * splits)
-  store_merged(p, mg, o_scale, rows.token(j), rows.head(j), dim, acc, threadIdx.x == 0);
+  const float a4[4] = {acc.x, acc.y, acc.z, acc.w};
+  store_merged(p, mg, o_scale, rows.token(j), rows.head(j), dim, a4, threadIdx.x == 0);
 }
 
 }  // namespace mlagen::device

@@ -552,7 +552,8 @@ MLAGEN_DEVICE void merge_in_launch(const Params& p) {
       acc.z = acc.z * a + w * v.z;
       acc.w = acc.w * a + w * v.w;
     }
-    store_merged(p, mg, o_scale, qr.token(j), qr.head(j), dim, acc, dim == 0);
+    const float a4[4] = {acc.x, acc.y, acc.z, acc.w};
+    store_merged(p, mg, o_scale, qr.token(j), qr.head(j), dim, a4, dim == 0);
   }
   __syncthreads();  // every thread's copies landed before the departure
   if (threadIdx.x == 0 && atomicAdd(counter, 1u) == 2u * splits - 1u) atomicExch(counter, 0u);

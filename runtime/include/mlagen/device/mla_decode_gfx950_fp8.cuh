@@ -256,15 +256,7 @@ MLAGEN_DEVICE void merge_splits(const Params& p, int splits, int64_t part0, int6
       acc[4 * q + 3] = acc[4 * q + 3] * a + wgt * v.w;
     }
   }
-  const float inv = mg.scale(o_scale);
-  uint4* out = reinterpret_cast<uint4*>(p.out + tok * p.out_stride_token + head * p.out_stride_head + d0);
-#pragma unroll
-  for (int q = 0; q < 4; ++q)
-    out[q] = make_uint4(pack_bf16x2(acc[8 * q + 0] * inv, acc[8 * q + 1] * inv),
-                        pack_bf16x2(acc[8 * q + 2] * inv, acc[8 * q + 3] * inv),
-                        pack_bf16x2(acc[8 * q + 4] * inv, acc[8 * q + 5] * inv),
-                        pack_bf16x2(acc[8 * q + 6] * inv, acc[8 * q + 7] * inv));
-  if (d0 == 0 && p.lse) p.lse[tok * p.lse_stride_token + head] = mg.lse();
+  store_merged(p, mg, o_scale, tok, head, d0, acc, d0 == 0);
 }
 }  // namespace native_fp8
 #endif  // __gfx950__
