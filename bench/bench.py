@@ -73,20 +73,44 @@ def geomean(vals) -> float | None:
 class Timer:
     """The leaderboard's method: sync, flush L2, event, ONE call, event, sync."""
 
-    def __init__(self, torch, device, flush_bytes: int):
+    def __init__(self, torch, device, flush_bytes: int, hold_us: float = 0.0):
+        """hold_us > 0: after each flush the stream also sleeps that long on the device (no memory
+        touched, so the L2 is as the flush left it), so that a call whose host path is slower than
+        the flush alone is still launched before its start event fires: the events then time the
+        device's work, not the host's (a comparison of kernels; the leaderboard's method is 0)."""
         self.torch = torch
         self.device = device
         self.cuda = device.type == "cuda"
         self.flush_bytes = flush_bytes
         self.flush = torch.empty(flush_bytes // 4, dtype=torch.float32, device=device)
+        self.hold_us = hold_us if self.cuda else 0.0
+        self._hold_cycles = None
 
     def sync(self) -> None:
         if self.cuda:
             self.torch.cuda.synchronize()
 
+    def _cycles_for_hold(self) -> int:
+        """torch.cuda._sleep's cycles for hold_us, from one timed sleep."""
+        torch = self.torch
+        n = 1 << 20
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(n)  # warm
+        torch.cuda.synchronize()
+        a.record()
+        torch.cuda._sleep(n)
+        b.record()
+        torch.cuda.synchronize()
+        return max(1, int(n * self.hold_us / (a.elapsed_time(b) * 1e3)))
+
     def flush_l2(self) -> None:
-        """The leaderboard's flush: write a buffer much larger than the L2."""
+        """The leaderboard's flush: write a buffer much larger than the L2 (then the hold, if any)."""
         self.flush.zero_()
+        if self.hold_us:
+            if self._hold_cycles is None:
+                self._hold_cycles = self._cycles_for_hold()
+            self.torch.cuda._sleep(self._hold_cycles)
 
     def once(self, fn) -> float:
         """Microseconds for one call of fn, L2 cold."""
@@ -105,6 +129,51 @@ class Timer:
         t0 = time.perf_counter()
         fn()
         return (time.perf_counter() - t0) * 1e6
+
+    def once_detail(self, fn) -> tuple[float, float, float]:
+        """once(fn), and beside it the host's side of the same repetition: (event us, the host clock
+        over the Python call, the host clock from the flush's launch to the call's return). The
+        events start when the flush ends on the device, so a call whose launch comes later than that
+        (a slow host path, or one that waits for the device) is timed with the gap in it: compare the
+        third figure with the flush's own device time."""
+        torch = self.torch
+        if not self.cuda:
+            t0 = time.perf_counter()
+            self.flush_l2()
+            t1 = time.perf_counter()
+            fn()
+            t2 = time.perf_counter()
+            return (t2 - t1) * 1e6, (t2 - t1) * 1e6, (t2 - t0) * 1e6
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        self.flush_l2()
+        start.record()
+        t1 = time.perf_counter()
+        fn()
+        t2 = time.perf_counter()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) * 1e3, (t2 - t1) * 1e6, (t2 - t0) * 1e6
+
+    def flush_device_us(self, n: int = 5) -> float:
+        """The flush's own device time with its hold (median of n): how much host time a timed call
+        can hide."""
+        torch = self.torch
+        if not self.cuda:
+            return 0.0
+        ts = []
+        for _ in range(n):
+            a = torch.cuda.Event(enable_timing=True)
+            b = torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            a.record()
+            self.flush_l2()
+            b.record()
+            torch.cuda.synchronize()
+            ts.append(a.elapsed_time(b) * 1e3)
+        return statistics.median(ts)
 
     def back_to_back_events(self, fn, n: int) -> float:
         """Microseconds per call for n calls in a row, no flush, events around all of them."""

@@ -263,6 +263,9 @@ def test_one_cell_is_checked_timed_and_judged_with_stand_ins(monkeypatch, wrong_
     for c in S.MLAGEN_COLUMNS + (S.FLASHMLA_BF16,):
         e = row["contenders"][c]
         assert "error" not in e and e["rel_err"] < 1e-2 and e["n"] == 4 and e["median_us"] > 0, (c, e)
+        # the host's side of the same repetitions: the call inside the span from the flush's launch
+        assert 0 < e["host_call_us"] <= e["host_since_flush_us"] and e["device_allocs"] == 0, (c, e)
+        assert e["host_bound_reps"] == 0, (c, e)  # nothing is host-bound against Run's default (no limit)
     assert row["contenders"][S.MLAGEN_FP8Q]["kernel"] == "fake"
     fp8 = row["contenders"][S.FLASHMLA_FP8]
     if wrong_fp8_peer:
@@ -275,7 +278,7 @@ def test_one_cell_is_checked_timed_and_judged_with_stand_ins(monkeypatch, wrong_
         assert row["comparisons"]["fp8q"]["verdict"] in ("met", "not_met")
     for k in ("fp8q", "bf16q_fp8kv", "bf16kv"):
         assert "ratio_mean" in row["comparisons"][k] and "verdict_mean" in row["comparisons"][k]
-    assert S.cell_line(row).startswith("[h8 3x128 q2] reps 4")
+    assert S.cell_line(row).startswith("[h8 3x128 q2] reps 4") and " | host " in S.cell_line(row)
 
 
 def test_call_order_interleaves_by_default_and_groups_on_request():
