@@ -152,8 +152,8 @@ mlagen_status launch_kernel(const CodeObject& obj, const mlagen_problem* pr, int
   if (splits > 1 && !info.fused_combine && !p.merge_in_launch) {
     if (!f->combine) return fail(MLAGEN_ERR_UNSUPPORTED, "%s: no _combine entry, and %d splits to merge", obj.name, splits);
     const unsigned rows = static_cast<unsigned>(pr->batch * p.row_groups * 16);  // one block a query row
-    st = gpu::launch({f->combine, rows, 1, entry_shape(info, kCombine).threads, 0, stream, args, true, false},
-                     "combine launch");
+    const unsigned threads = static_cast<unsigned>(device::combine_block_threads(splits));  // <= LaunchInfo's
+    st = gpu::launch({f->combine, rows, 1, threads, 0, stream, args, true, false}, "combine launch");
   }
   return st;
 }

@@ -57,10 +57,11 @@ def test_gfx9_kernel_source_matches_float64_reference(arch, tmp_path):
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
     print(run.stdout)
     assert run.returncode == 0, run.stdout + run.stderr
-    # 6 format pairs x (5 contiguous + 7 paged cases) + |q| > 65504 for the 3 bf16-q pairs + a strided KV view
+    # 6 format pairs x (6 contiguous + 7 paged cases) + |q| > 65504 for the 3 bf16-q pairs + a strided KV view
     # for the 2 fp8-KV pairs, then 6 x 12 query-row cases (one of them paged), 5 bad-qo_indptr cases for one
     # format pair a KV format, and 3 KV formats x 2 cases of the fp8 q quantized from bf16 on the device
-    assert run.stdout.count(" ok\n") == 77 + 6 * 12 + 3 * 5 + 3 * 2
+    assert run.stdout.count(" ok\n") == 6 * 13 + 3 + 2 + 6 * 12 + 3 * 5 + 3 * 2
+    assert run.stdout.count(" combine-split-groups ") == 6  # 19 splits: the combine's three split groups
     assert run.stdout.count("paged") == 6 * 8
     assert run.stdout.count("q-beyond-f16") == 3
     assert run.stdout.count(" rows-") == 6 * 12

@@ -198,7 +198,8 @@ typedef struct {
   int32_t num_args;
   int32_t arg_bytes[2];
   int32_t arg_align[2];
-  int32_t threads;         /* block size it is launched with */
+  int32_t threads;         /* block size it is launched with (the combine: at most; it takes
+                              128 threads a group of 8 splits, up to 4 groups) */
   int32_t smem_bytes;      /* dynamic shared memory it is launched with */
 } mlagen_entry_point;
 MLAGEN_API int32_t mlagen_num_entry_points(void);

@@ -20,7 +20,7 @@
 #define __launch_bounds__(...)
 
 struct emu_dim3 { unsigned x = 0, y = 0, z = 0; };
-inline thread_local emu_dim3 threadIdx, blockIdx, gridDim;
+inline thread_local emu_dim3 threadIdx, blockIdx, gridDim, blockDim;
 
 struct float2 { float x, y; };
 struct float4 { float x, y, z, w; };

@@ -31,7 +31,7 @@
 #include <vector>
 
 // q_amax_kernel (formats.cuh) reduces its waves' maxima through a function-scope __shared__
-// array. emu_hip.h defines __shared__ as nothing (the decode kernels' LDS is `smem` or
+// array, the combine (mla_common.cuh, which formats.cuh includes) its split groups' states. emu_hip.h defines __shared__ as nothing (the decode kernels' LDS is `smem` or
 // namespace-scope statics), which would make that array one per thread; formats.cuh is
 // therefore included first with __shared__ = static: one array for the block's threads
 // (blocks run one at a time). No other __shared__ in the headers formats.cuh pulls in.
@@ -81,6 +81,7 @@ void launch(Kernel kernel, int gx, int gy, int threads, const Params& p, bool re
       emu_lane = t % 64;
       emu_wave = t / 64;
       gridDim.x = gx, gridDim.y = gy, gridDim.z = 1;
+      blockDim.x = threads, blockDim.y = blockDim.z = 1;
       for (int k0 = 0; k0 < nblocks; ++k0) {
         const int k = reverse ? nblocks - 1 - k0 : k0;
         blockIdx.x = k % gx;
@@ -407,7 +408,7 @@ static bool run_case(const Format& fmt, const Case& c) {
   if constexpr (QF == QFormat::kFp8FromBf16) launch(q_amax_block<256>, p.q_amax_parts, 1, 256, p, c.reverse);
   launch(mla_decode_block<T, Shape>, splits * groups, batch, T::kThreads, p, c.reverse);  // launch.cpp's grid
   if (splits > 1 && !FusedCombine<TG>::value)
-    launch(mla_combine_block<TG, Shape>, batch * groups * kGroupRows, 1, 128, p, c.reverse);
+    launch(mla_combine_block<TG, Shape>, batch * groups * kGroupRows, 1, combine_block_threads(splits), p, c.reverse);
   bool counters_reset = true;  // the merging block leaves every counter at 0 for the next call
   for (uint32_t v : counters) counters_reset &= v == 0u;
   constexpr bool kNativeFp8 = T::kBody == Body::kGfx950Fp8;
@@ -578,6 +579,9 @@ static bool run_format(const Format& fmt, uint32_t seed) {
   if constexpr (KF == KvFormat::kFp8)  // a strided KV view (rows 64 bytes apart beyond the row) and many splits
     ok &= run_case<KF, QF, D>(fmt, {.name = "strided-kv-8-splits", .lens = {1000, 300}, .splits = 8, .seed = seed + 7,
                                     .row_pad = 64});
+  // 19 splits: the combine's three split groups of one row (7, 6, 6 splits), groups without tokens
+  // where a sequence is shorter than its splits' tiles
+  ok &= run_case<KF, QF, D>(fmt, {.name = "combine-split-groups", .lens = {1100, 0, 150}, .splits = 19, .seed = seed + 21});
   ok &= run_case<KF, QF, D>(fmt, {.name = "paged-p1", .lens = {37, 0, 70}, .splits = 2, .seed = seed + 8, .page = 1});
   ok &= run_case<KF, QF, D>(fmt, {.name = "paged-p16-indptr", .lens = {100, 45, 0, 33}, .splits = 3, .seed = seed + 9,
                                   .page = 16, .form = Case::kTableIndptr});

@@ -329,11 +329,12 @@ MLAGEN_DEVICE float merge_o_scale(const Params& p) {
 
 // Merges the splits of one (sequence, query row): out = sum_s w_s O_s / sum_s w_s l_s with
 // w_s = 2^(m_s - max m), times the per-tensor KV scale where the kernel's path leaves it to
-// the end (fp8). 128 threads x 4 dims; grid = batch * row_groups * 16 (padding rows return).
-// Launched as a dependent grid (NVIDIA), it reads the call's own inputs while the decode
-// grid still runs, then merges online with the loads of 8 splits in flight at once: one L2
-// round trip per 8 splits after the wait.
-// (entry.cuh: the body of a code object's `<name>_combine`, kCombineThreads a block.)
+// the end (fp8). G groups of 128 threads x 4 dims (blockDim = combine_block_threads(splits)):
+// group g merges splits g, g + G, .. online with the loads of 8 splits in flight at once (one L2
+// round trip per 8 of its splits after the wait), then group 0 merges the G groups' states from
+// shared memory and writes the row. grid = batch * row_groups * 16 (padding rows return).
+// Launched as a dependent grid (NVIDIA), it reads the call's own inputs while the decode grid
+// still runs. (entry.cuh: the body of a code object's `<name>_combine`, at most kCombineThreads.)
 template <class T, class Shape>
 MLAGEN_DEVICE void mla_combine_block(const Params& p) {
   const int per_seq = Shape::row_groups(p) * kGroupRows;
@@ -342,13 +343,37 @@ MLAGEN_DEVICE void mla_combine_block(const Params& p) {
   const QueryTokens qt = Shape::query(p, b);
   const QueryRows rows = query_rows<Shape>(p, BlockCoord{b, 0, r / kGroupRows}, qt.row, qt.n, 0);
   const int j = r % kGroupRows;
-  if (!rows.owns(j)) return;
+  if (!rows.owns(j)) return;  // (the whole block)
   const int64_t stride = static_cast<int64_t>(Shape::row_groups(p)) * kGroupRows;  // part rows a split
   const float o_scale = merge_o_scale<T>(p);
+  const int groups = static_cast<int>(blockDim.x) / kCombineGroupThreads;
+  const int g = static_cast<int>(threadIdx.x) / kCombineGroupThreads;
+  const int t = static_cast<int>(threadIdx.x) % kCombineGroupThreads;
   wait_for_prior_grid();  // the decode grid's partials are complete and visible
-  const int dim = 4 * static_cast<int>(threadIdx.x);
+  const int dim = 4 * t;
   float4 acc;
-  const SplitMerge mg = merge_row<8>(p, splits, rows.part(j), stride, dim, acc);  // from split 0's row (slot b * splits)
+  // group g's splits: g, g + G, ... (none when g >= splits: an empty state, weight 0)
+  SplitMerge mg = merge_row<kCombineSplitsInFlight>(p, (splits - g + groups - 1) / groups, rows.part(j) + g * stride,
+                                                    stride * groups, dim, acc);
+  if (groups > 1) {
+    __shared__ float4 s_acc[kCombineMaxGroups - 1][kCombineGroupThreads];
+    __shared__ float2 s_ml[kCombineMaxGroups - 1];
+    if (g > 0) {
+      s_acc[g - 1][t] = acc;
+      if (t == 0) s_ml[g - 1] = split_state(mg.mmax, mg.lsum, mg.bad);  // a group's state as a split's
+    }
+    __syncthreads();
+    if (g > 0) return;
+    for (int h = 1; h < groups; ++h) {
+      float a, w;
+      if (!mg.add(s_ml[h - 1], a, w)) continue;  // a group without tokens
+      const float4 v = s_acc[h - 1][t];
+      acc.x = acc.x * a + w * v.x;
+      acc.y = acc.y * a + w * v.y;
+      acc.z = acc.z * a + w * v.z;
+      acc.w = acc.w * a + w * v.w;
+    }
+  }
   const float a4[4] = {acc.x, acc.y, acc.z, acc.w};
   store_merged(p, mg, o_scale, rows.token(j), rows.head(j), dim, a4, threadIdx.x == 0);
 }
