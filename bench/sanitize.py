@@ -158,7 +158,7 @@ def main(argv=None) -> int:
                    help="KV formats memcheck runs every case with (FORMAT[:fp8] = with an fp8 q quantized on the device)")
     p.add_argument("--racecheck-formats", default="fp8", help="KV formats racecheck runs on its shapes")
     p.add_argument("--racecheck-wide-shapes", default="4x1024,32x1024",
-                   help="tool racecheck_wide: racecheck of the bf16 / mxfp4 (wide-path) kernels on these shapes")
+                   help="tool racecheck_wide: racecheck of the bf16 / mxfp4 kernels on these shapes")
     p.add_argument("--ref", action="store_true", help="child also checks against the float32 reference (slow)")
     p.add_argument("--sanitizer", default=None, help="compute-sanitizer binary (default: PATH, /usr/local/cuda)")
     p.add_argument("--sanitizer-args", default="",

@@ -54,10 +54,10 @@ ROWS_SPECIALIZED = {"sm90a": {(128, 1): ((("bf16", "fp8e4m3fn"), ("fp8", "fp8e4m
 # block_m 64 and 32) that the runtime takes instead of the generic kernel for contiguous problems
 # with such rows (any lengths; the larger block first).
 # Tile choices built as generic kernels besides the default, so `make tune` can measure
-# them on any shape without regenerating: (block_n, stages) per (arch, kv dtype).
-TUNING_TILES = {("sm90a", "fp8e4m3fn"): ((32, 3), (32, 4), (32, 6), (64, 3)),
-                ("sm90a", "bf16"): ((32, 2), (32, 3)),
-                ("sm90a", "mxfp4"): ((32, 4), (64, 3))}
+# them on any shape without regenerating: (block_n, stages) per (arch, kv dtype). sm90a: the
+# warpgroup body's third stage (fp8, mxfp4; bf16 takes 2 only, the default).
+TUNING_TILES = {("sm90a", "fp8e4m3fn"): ((64, 3),),
+                ("sm90a", "mxfp4"): ((64, 3),)}
 
 
 def parse_shapes(text: str) -> list[tuple[int, int]]:
@@ -82,7 +82,7 @@ def load_tuning(path: str = TUNING_FILE) -> dict:
 
 def generic_spec(arch: str, q_dtype: str, kv_dtype: str) -> KernelSpec:
     """The generic kernel of a dtype pair (default tiles): what the runtime falls back to."""
-    return KernelSpec(arch, ANY, ANY, ANY, q_dtype, kv_dtype, **default_tiles(arch, kv_dtype))
+    return KernelSpec(arch, ANY, ANY, ANY, q_dtype, kv_dtype, **default_tiles(arch))
 
 
 def native_fp8_splits(batch: int, kv_len: int) -> int:

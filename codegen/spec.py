@@ -25,24 +25,21 @@ ARCHS = {
     "gfx950": ("amd", 64, "fp8e4m3fn"),
     "gfx942": ("amd", 64, "fp8e4m3fnuz"),
 }
-# Tiles an arch's kernels use when neither the tuning table nor the caller says otherwise.
-ARCH_TILES = {"sm90a": dict(block_n=32, stages=4), "gfx950": dict(block_n=32, stages=2),
-              "gfx942": dict(block_n=32, stages=2)}
-# Per KV format where it differs. On sm90a tiles of 64 tokens are the warpgroup (wgmma) kernel
-# (runtime/include/mlagen/device/mla_decode_sm90_wgmma.cuh, the format a policy; a bf16 tile is
-# 72 KB: 2 stages, one block an SM); tiles of 32 the mma.sync ones (bf16 and mxfp4: the wide
-# path, mxfp4 dequantized to bf16).
-FORMAT_TILES = {("sm90a", "bf16"): dict(block_n=64, stages=2),
-                ("sm90a", "fp8e4m3fn"): dict(block_n=64, stages=2),
-                ("sm90a", "mxfp4"): dict(block_n=64, stages=2)}
-WARPGROUP_BLOCK_N = 64  # block_n of the sm90a warpgroup kernel
+# sm90a's 16-row kernels are the warpgroup (wgmma) body (runtime/include/mlagen/device/
+# mla_decode_sm90_wgmma.cuh, every KV format a policy of it), which walks KV in tiles of 64 tokens.
+WARPGROUP_BLOCK_N = 64
 # KV dtype -> (the most stages, the most that leave two blocks an SM) of its warpgroup kernel:
 # fp8 / mxfp4 stages are 37 / 21 KB (two blocks an SM with 2), a bf16 one 72 KB (one, 2 at most)
 WARPGROUP_KV = {"fp8e4m3fn": (5, 2), "mxfp4": (5, 2), "bf16": (2, 0)}
+# Tiles an arch's kernels use when neither the tuning table nor the caller says otherwise (every KV
+# format alike): sm90a the warpgroup body's 64 tokens and 2 stages (two fp8 / mxfp4 blocks an SM, the
+# most a bf16 one takes); AMD tiles of 32, register-staged double buffering.
+ARCH_TILES = {"sm90a": dict(block_n=WARPGROUP_BLOCK_N, stages=2), "gfx950": dict(block_n=32, stages=2),
+              "gfx942": dict(block_n=32, stages=2)}
 
 
-def default_tiles(arch: str, kv_dtype: str) -> dict:
-    return dict(FORMAT_TILES.get((arch, kv_dtype), ARCH_TILES[arch]))
+def default_tiles(arch: str) -> dict:
+    return dict(ARCH_TILES[arch])
 # Resident blocks the split heuristic aims for (SMs x blocks per SM of the default tile).
 # The generator's heuristic and the runtime's (for the generic kernel, through the
 # generated registry) both read this table.
@@ -109,7 +106,6 @@ OPTIONAL_TAGS = (("h", "num_heads"), ("ql", "q_len"), ("dk", "qk_dim"), ("dv", "
 # KernelSpec.body -> the device code's name for it (runtime/include/mlagen/device/mla_common.cuh
 # enum Body), which the generated file passes in the kernel's tiling type.
 BODIES = {
-    "mma": "Body::kMma",                        # 16 rows, mma.sync, every format (mla_decode.cuh decode_mma: MmaKv)
     "sm90_wgmma": "Body::kSm90Wgmma",           # 16 rows, one warpgroup, every format (decode_wgmma: WgKv)
     "sm90_rows": "Body::kSm90Rows",             # 32 / 64 rows, three warpgroups: fp8, bf16 KV (a RowsKv policy)
     "gfx9": "Body::kGfx9",                      # 16 rows, MFMA, every format (mla_decode_gfx9.cuh decode_gfx9: Gfx9*Kv)
@@ -214,8 +210,9 @@ class KernelSpec:
 
     @property
     def warpgroup(self) -> bool:
-        """An sm90a warpgroup (wgmma) kernel (one warpgroup a block; fp8, mxfp4 or bf16 KV)."""
-        return self.arch == "sm90a" and self.kv_dtype in WARPGROUP_KV and self.block_n == WARPGROUP_BLOCK_N
+        """An sm90a warpgroup (wgmma) kernel of 16 rows a block (one warpgroup; fp8, mxfp4 or bf16
+        KV): every sm90a kernel but the rows body's."""
+        return self.arch == "sm90a" and not self.rows_body
 
     @property
     def rows_body(self) -> bool:
@@ -263,9 +260,7 @@ class KernelSpec:
         if self.vendor == "nvidia":
             if self.rows_body:  # one body, the KV format a policy of it (RowsKv)
                 return "sm90_rows"
-            if self.warpgroup:  # one body, the KV format a policy of it (WgKv)
-                return "sm90_wgmma"
-            return "mma"  # one body, the format a policy of it (MmaKv)
+            return "sm90_wgmma"  # one body, the KV format a policy of it (WgKv)
         if self.native_fp8:
             return "gfx950_fp8"
         return "gfx9"  # one body, the format a policy of it
@@ -304,7 +299,7 @@ class KernelSpec:
             return 0
         if self.rows_body:
             return 3
-        default = default_tiles(self.arch, self.kv_dtype)
+        default = default_tiles(self.arch)
         return 1 if (self.block_n, self.stages) == (default["block_n"], default["stages"]) else 2
 
     @property
@@ -383,6 +378,9 @@ class KernelSpec:
             bad("page_size", "0 for the generic kernel (it reads the page size at run time)")
         if self.block_n not in (32, 64):
             bad("block_n", "32 or 64")
+        if self.arch == "sm90a" and self.block_n != WARPGROUP_BLOCK_N:
+            bad("block_n", f"{WARPGROUP_BLOCK_N} on sm90a (the warpgroup and rows bodies walk KV in tiles of "
+                           f"{WARPGROUP_BLOCK_N} tokens)")
         wg_top = WARPGROUP_KV[self.kv_dtype][0] if self.warpgroup else None
         if wg_top and self.stages > wg_top:
             bad("stages", f"{'2' if wg_top == 2 else f'2..{wg_top}'} with block_n {WARPGROUP_BLOCK_N} on sm90a "

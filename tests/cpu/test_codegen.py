@@ -19,8 +19,8 @@ def test_name_round_trip_catalog():
 
 
 @pytest.mark.parametrize("spec", [
-    KernelSpec("sm90a", 32, 8192, 8),
-    KernelSpec("sm90a", ANY, ANY, ANY),
+    KernelSpec("sm90a", 32, 8192, 8, block_n=64),
+    KernelSpec("sm90a", ANY, ANY, ANY, block_n=64, stages=2),
     KernelSpec("sm90a", 48, 2048, 3, block_n=64, stages=3),
     KernelSpec("gfx950", 4, 1024, 4, q_dtype="fp8", kv_dtype="mxfp4", stages=2),
     KernelSpec("gfx942", 4, 1024, 4, kv_dtype="fp8e4m3fnuz", stages=2),
@@ -30,19 +30,22 @@ def test_name_round_trip_fields(spec):
 
 
 def test_a_kernel_name_parses_into_its_fields():
-    s = KernelSpec.parse("mla_decode_sm90a_b32_kv8192_s8_qbf16_kvfp8e4m3fn")
+    s = KernelSpec.parse("mla_decode_sm90a_b32_kv8192_s8_qbf16_kvfp8e4m3fn_bn64_st3")
     assert (s.arch, s.batch, s.kv_len, s.splits, s.q_dtype, s.kv_dtype) == ("sm90a", 32, 8192, 8, "bf16", "fp8e4m3fn")
+    assert (s.block_n, s.stages, s.body) == (64, 3, "sm90_wgmma")
 
 
 @pytest.mark.parametrize("name, msg", [
     ("mla_decode_sm90a_b32_kv8192_qbf16_kvfp8e4m3fn", "not a kernel name"),
     ("mla_decode_sm80_b32_kv8192_s8_qbf16_kvfp8e4m3fn", "KernelSpec.arch"),
-    ("mla_decode_sm90a_b32_kv8192_s8_qbf16_kvfp8e4m3fn_bn32", "not canonical"),
+    ("mla_decode_gfx950_b32_kv8192_s8_qbf16_kvfp8e4m3fn_bn32_st2", "not canonical"),
+    ("mla_decode_sm90a_b32_kv8192_s8_qbf16_kvfp8e4m3fn", r"KernelSpec.block_n=32: expected 64 on sm90a"),
+    ("mla_decode_sm90a_b4_kv1024_s16_qbf16_kvfp8e4m3fn_st3", r"KernelSpec.block_n=32: expected 64 on sm90a"),
     ("mla_decode_sm90a_b32_kv8192_s8_qbf16_kvfp8e4m3fn_st3_bn64", "out of order"),
     ("mla_decode_sm90a_b32_kv8192_s8_qbf16_kvfp8e4m3fn_zz3", "unknown tag"),
     ("mla_decode_sm90a_b32_kvany_s8_qbf16_kvfp8e4m3fn", "all 'any'"),
     ("mla_decode_sm90a_b32_kv8192_s8_qbf16_kvfp8e4m3fnuz", "KernelSpec.kv_dtype"),
-    ("mla_decode_sm90a_b4_kv64_s8_qbf16_kvfp8e4m3fn", "KernelSpec.splits"),
+    ("mla_decode_sm90a_b4_kv64_s8_qbf16_kvfp8e4m3fn_bn64_st2", "KernelSpec.splits"),
 ])
 def test_bad_names_are_rejected_with_the_field(name, msg):
     with pytest.raises(SpecError, match=msg):
@@ -97,7 +100,7 @@ def test_user_shapes_and_shapes_file(tmp_path):
 
 
 def test_duplicate_keys_are_an_error():
-    a = KernelSpec("sm90a", 4, 1024, 4)
+    a = KernelSpec("sm90a", 4, 1024, 4, block_n=64)
     with pytest.raises(SpecError, match="duplicate"):
         catalog.check_unique([a, a])
     with pytest.raises(SpecError, match="same registry key"):
@@ -206,9 +209,11 @@ def test_rows_body_specs_round_trip_and_validate():
     assert s.body == "sm90_rows" and s.target_blocks == 132 and "RowsTiling</*stages=*/3" in tiling_expr(s)
     ok = dict(arch="sm90a", batch=4, kv_len=1024, splits=1, kv_dtype="fp8e4m3fn", num_heads=128, block_n=64,
               stages=3, block_m=64)
-    for kw in (dict(block_m=48), dict(kv_dtype="bf16", block_n=32), dict(block_n=32), dict(num_heads=32),
-               dict(num_heads=16, q_len=2), dict(stages=4), dict(page_size=64)):
+    for kw in (dict(block_m=48), dict(num_heads=32), dict(num_heads=16, q_len=2), dict(stages=4), dict(page_size=64)):
         with pytest.raises(SpecError, match="block_m|stages|page_size"):
+            KernelSpec(**{**ok, **kw})
+    for kw in (dict(kv_dtype="bf16", block_n=32), dict(block_n=32)):
+        with pytest.raises(SpecError, match="block_n=32: expected 64 on sm90a"):
             KernelSpec(**{**ok, **kw})
     # an fp8 q's Q is half a bf16 q's hi + lo: one stage more fits
     s8 = KernelSpec(**{**ok, "q_dtype": "fp8", "stages": 4})
@@ -291,3 +296,22 @@ def test_every_generated_kernel_names_its_body():
             assert tiling_expr(k).startswith(f"mlagen::device::Tiling<{BODIES[k.body]}, "), k.name
         seen.add(k.body)
     assert seen == set(BODIES), (seen, set(BODIES))
+    assert set(BODIES) == {"sm90_wgmma", "sm90_rows", "gfx9", "gfx950_fp8"}, BODIES
+
+
+def test_sm90a_kernels_walk_tiles_of_64():
+    """sm90a has two bodies, both in tiles of 64 tokens (the mma.sync body of tiles of 32 is
+    retired): every catalog kernel, the defaults and the tuning candidates; a block_n of 32 is
+    refused naming the field and the value expected, for any format and for the generic kernel."""
+    from codegen.spec import ARCH_TILES, WARPGROUP_BLOCK_N, default_tiles
+    cat = [k for k in catalog.build_catalog() if k.arch == "sm90a"]
+    assert cat and {k.block_n for k in cat} == {WARPGROUP_BLOCK_N} == {64}
+    assert {k.body for k in cat} == {"sm90_wgmma", "sm90_rows"}
+    assert all(k.body == ("sm90_rows" if k.rows_body else "sm90_wgmma") and k.warpgroup != k.rows_body for k in cat)
+    assert default_tiles("sm90a") == ARCH_TILES["sm90a"] == dict(block_n=64, stages=2)
+    assert all(bn == 64 for (arch, _), tiles in catalog.TUNING_TILES.items() if arch == "sm90a" for bn, _ in tiles)
+    for kv in ("fp8e4m3fn", "bf16", "mxfp4"):
+        for shape in ((4, 1024, 4), (ANY, ANY, ANY)):
+            with pytest.raises(SpecError, match=r"KernelSpec.block_n=32: expected 64 on sm90a"):
+                KernelSpec("sm90a", *shape, "bf16", kv, block_n=32, stages=2)
+    assert KernelSpec("gfx942", 4, 1024, 4, kv_dtype="fp8e4m3fnuz", block_n=32, stages=2).body == "gfx9"  # AMD: tiles of 32

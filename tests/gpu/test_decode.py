@@ -81,7 +81,7 @@ def test_generic_kernel_on_leaderboard_shapes(batch, kv_len):
 
 def _candidates():
     """The generic fp8 tuning candidates (role 2: every tiling but the generic default, which
-    the tests above run): the mma.sync kernel's and the warpgroup kernel's."""
+    the tests above run): the warpgroup kernel's other stage counts."""
     with open(os.path.join(ROOT, "generated", "manifest.json")) as f:
         return [k["name"] for k in json.load(f)["kernels"]
                 if k["arch"] == "sm90a" and not k["batch"] and KernelSpec.parse(k["name"]).role == 2

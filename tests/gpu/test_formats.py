@@ -122,14 +122,15 @@ def test_generic_kernel_every_format(fmt, q_dtype, case):
     check(inp, out, fmt, q_dtype, seed)
 
 
-def _wide_candidates():
-    from codegen.spec import KernelSpec
+def _format_candidates():
+    """The generic tuning candidates of the bf16 and mxfp4 formats (role 2: the warpgroup
+    kernel's other stage counts; the fp8 ones: tests/gpu/test_decode.py)."""
     return [k for k in _manifest() if not k["batch"] and KernelSpec.parse(k["name"]).role == 2
             and k["kv_dtype"] in ("bf16", "mxfp4")]
 
 
-@pytest.mark.parametrize("spec", _wide_candidates(), ids=lambda k: k["name"])
-def test_wide_tuning_candidates(spec):
+@pytest.mark.parametrize("spec", _format_candidates(), ids=lambda k: k["name"])
+def test_format_tuning_candidates(spec):
     name, fmt = spec["name"], spec["kv_dtype"]
     seed = fresh_seed()
     inp = with_formats(make_inputs([1, 64, 65, 1000, 4099, 0], seed))
@@ -173,13 +174,11 @@ def test_mxfp4_padded_kv_rows_agree(lens):
 
 
 @pytest.mark.parametrize("spread", [8, 20], ids=["spread8", "spread20"])
-@pytest.mark.parametrize("kernel", ["warpgroup", "wide"])
-def test_mxfp4_block_scales_spread_over_many_binades(spread, kernel):
+def test_mxfp4_block_scales_spread_over_many_binades(spread):
     """Random E2M1 codes with block scales spread over `spread` binades inside a token and
     token levels over 24 binades: the warpgroup kernel holds a token as e4m3 relative to its
-    largest block (exact down to 14 binades below it, rounded to 19, zero beyond), the wide
-    path exactly.
-    Both must match float32 attention on the dequantized values at the format's tolerance."""
+    largest block (exact down to 14 binades below it, rounded to 19, zero beyond).
+    It must match float32 attention on the dequantized values at the format's tolerance."""
     seed = fresh_seed()
     g = torch.Generator(device="cuda").manual_seed(seed)
     lens = [1, 64, 65, 700, 2000]
@@ -193,7 +192,8 @@ def test_mxfp4_block_scales_spread_over_many_binades(spread, kernel):
     # q scaled so that the largest tokens' scores stay O(10): every level keeps some weight
     inp["q"] = (inp["q"].float() * 2.0 ** -6).to(torch.bfloat16)
     name = next(k["name"] for k in _manifest() if not k["batch"] and k["kv_dtype"] == "mxfp4" and k["q_dtype"] == "bf16"
-                and (KernelSpec.parse(k["name"]).warpgroup == (kernel == "warpgroup")))
+                and KernelSpec.parse(k["name"]).role == 1)
+    assert KernelSpec.parse(name).warpgroup, name
     out, ran = run(inp, "mxfp4", kernel=name, splits=2)
     assert ran["name"] == name
     e32, _ = check(inp, out, "mxfp4", "bf16", seed)

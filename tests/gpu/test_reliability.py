@@ -141,12 +141,13 @@ def test_nan_in_q_quantized_on_the_device_gives_nan(shape):
 
 @pytest.mark.parametrize("shape,generic", [((4, 1024), False), ((4, 1024), True), ((32, 1024), False)])
 def test_q_beyond_f16_range_stays_finite_and_right(shape, generic):
-    """|q| > 65504 (bf16 holds it, f16 does not): 4x1024's mma.sync kernel converts q to f16 and
-    gave Inf/NaN; it now scales each warp's q by a power of two. q is 3e5 times larger and
-    sm_scale as much smaller, so the softmax is as well conditioned as usual (with the scores
-    themselves in the tens of thousands, any bf16-precision kernel may pick another of two
-    near-tied tokens). Only the even heads' first 144 dims are large (the first warp's slice
-    in the mma.sync kernel: warps that shift next to warps that do not). Checked against float64."""
+    """|q| > 65504 (bf16 holds it, f16 does not): a kernel that takes q through a narrower
+    format (the warpgroup kernel's e4m3 hi + lo, relative to a power of two a head) must scale
+    it, not saturate it to Inf/NaN. q is 3e5 times larger and sm_scale as much smaller, so the
+    softmax is as well conditioned as usual (with the scores themselves in the tens of
+    thousands, any bf16-precision kernel may pick another of two near-tied tokens). Only the
+    even heads' first 144 dims are large (heads that scale next to heads that do not). Checked
+    against float64."""
     seed = fresh_seed()
     batch, kv_len = shape
     inp = make_inputs([kv_len] * batch, seed)

@@ -3,7 +3,7 @@
 // it by. The file holds device code only; the host's launcher is runtime/src/launch.cpp.
 #pragma once
 #include "mlagen/kernel_abi.h"
-#include "mlagen/device/mla_decode.cuh"       // NVIDIA: mma.sync / wgmma / rows bodies
+#include "mlagen/device/mla_decode_sm90.cuh"  // NVIDIA: the warpgroup and rows bodies
 #include "mlagen/device/mla_decode_gfx9.cuh"  // AMD: MFMA bodies (+ mla_decode_gfx950_fp8.cuh)
 
 // A decode entry's launch bounds: its block, and on NVIDIA the blocks an SM it is built for.

@@ -1,17 +1,17 @@
 // KV and query formats: what a format's bytes look like, vendor-neutral. The vendor
 // kernels pick their compute path from the KV format:
-//   fp8 (e4m3fn / e4m3fnuz) : the 8-bit path; fp8 bytes decoded to f16 in registers,
-//                             per-tensor scale applied to S and O in fp32.
+//   fp8 (e4m3fn / e4m3fnuz) : the 8-bit path; sm90a: e4m3 wgmmas on the tile as stored; AMD:
+//                             fp8 bytes decoded to f16 in registers (gfx950: native fp8
+//                             MFMAs); the per-tensor scale applied to S and O in fp32.
 //   bf16                    : the wide path; KV rows land in shared memory as they are and
 //                             feed bf16 MMAs directly.
-//   mxfp4                   : sm90a in tiles of 64: the warpgroup kernel, which expands the
-//                             packed tile to e4m3 in shared memory relative to a power of
-//                             two per token (mla_decode_sm90_wgmma.cuh). Otherwise (AMD,
-//                             tiles of 32) the wide path; packed E2M1 rows + their E8M0 scales land in
-//                             shared memory, one pass per tile dequantizes them into a
-//                             bf16 tile there (exact: every E2M1 value times a power of two
-//                             is a bf16), and the bf16 MMAs read that tile. Never a
-//                             dequantized copy in global memory.
+//   mxfp4                   : sm90a: the warpgroup kernel, which expands the packed tile to
+//                             e4m3 in shared memory relative to a power of two per token
+//                             (mla_decode_sm90_wgmma.cuh). AMD: the wide path; packed E2M1
+//                             rows + their E8M0 scales land in shared memory, one pass per
+//                             tile dequantizes them into a bf16 tile there (exact: every E2M1
+//                             value times a power of two is a bf16), and the bf16 MMAs read
+//                             that tile. Never a dequantized copy in global memory.
 // Query: bf16 (as given) or fp8 (the arch's flavour) with a per-tensor float32 scale.
 #pragma once
 #include "mlagen/device/mla_common.cuh"
@@ -162,21 +162,11 @@ MLAGEN_DEVICE void mxfp4_stage_to_bf16(const uint8_t* stage, int scale_off, int6
     const uint4 w = *reinterpret_cast<const uint4*>(stage + row * kMxRowBytes + blk * 16);
     const uint32_t b = row < valid ? scales[row * scale_stride + blk] : 0u;
     uint32_t o[16];
-#if defined(MLAGEN_NVIDIA)
-    if (b >= 2u && b <= 252u) {  // the table route (sm90_ops.cuh); other scales take the fp32 one
-      e2m1x8_to_bf16_scaled(w.x, b, *reinterpret_cast<uint32_t(*)[4]>(o + 0));
-      e2m1x8_to_bf16_scaled(w.y, b, *reinterpret_cast<uint32_t(*)[4]>(o + 4));
-      e2m1x8_to_bf16_scaled(w.z, b, *reinterpret_cast<uint32_t(*)[4]>(o + 8));
-      e2m1x8_to_bf16_scaled(w.w, b, *reinterpret_cast<uint32_t(*)[4]>(o + 12));
-    } else
-#endif
-    {
-      const float sc = row < valid ? e8m0_to_float(b) : 0.f;
-      mxfp4x8_to_bf16(w.x, sc, *reinterpret_cast<uint32_t(*)[4]>(o + 0));
-      mxfp4x8_to_bf16(w.y, sc, *reinterpret_cast<uint32_t(*)[4]>(o + 4));
-      mxfp4x8_to_bf16(w.z, sc, *reinterpret_cast<uint32_t(*)[4]>(o + 8));
-      mxfp4x8_to_bf16(w.w, sc, *reinterpret_cast<uint32_t(*)[4]>(o + 12));
-    }
+    const float sc = row < valid ? e8m0_to_float(b) : 0.f;
+    mxfp4x8_to_bf16(w.x, sc, *reinterpret_cast<uint32_t(*)[4]>(o + 0));
+    mxfp4x8_to_bf16(w.y, sc, *reinterpret_cast<uint32_t(*)[4]>(o + 4));
+    mxfp4x8_to_bf16(w.z, sc, *reinterpret_cast<uint32_t(*)[4]>(o + 8));
+    mxfp4x8_to_bf16(w.w, sc, *reinterpret_cast<uint32_t(*)[4]>(o + 12));
     uint4* dst = reinterpret_cast<uint4*>(out + row * out_pitch + blk * 64);
 #pragma unroll
     for (int k = 0; k < 4; ++k) dst[k] = make_uint4(o[4 * k], o[4 * k + 1], o[4 * k + 2], o[4 * k + 3]);
@@ -329,7 +319,7 @@ MLAGEN_DEVICE float4 load_q4(const Params& p, const QQuant& qq, int64_t q_row, i
 }
 
 // ---- a bf16 q as f16 ------------------------------------------------------------------------
-// The f16 matrix paths (the NVIDIA mma.sync fp8 kernel, the AMD fp8 MFMA kernel) take a bf16 q
+// The f16 matrix path (the AMD fp8 MFMA kernel, mla_decode_gfx9.cuh Gfx9Fp8Kv) takes a bf16 q
 // as f16, which holds |x| <= 65504 where bf16 holds 3.4e38. So a warp's slice of q (its dims,
 // all heads) is scaled by 2^-k, k the least that brings its largest |q| under 2^15, and the
 // warp's partial S by 2^k before the warps' partials are summed: exact (a power of two only

@@ -68,30 +68,14 @@ struct KvRows {
     if (bad) flag_error(p, kDevErrPageTable);
     return __syncthreads_or(bad ? 1 : 0) != 0;
   }
-  // Brings the page ids of the n-row tile at token t (rows before `len`) toward the SM ahead of
-  // the loads that need them (thread `tid` takes one 128-byte line of ids): issued one tile early,
-  // those loads then hit L1 instead of waiting a DRAM round trip on the copy-issue path.
-  // NVIDIA: prefetch.global.L1 (no register, no wait). AMD has no such hint: a no-op there.
-  template <int n>
-  MLAGEN_DEVICE void prefetch_ids(int t, int len, int tid) const {
-#if defined(MLAGEN_NVIDIA)
-    if (!paged() || t >= len) return;
-    const int first = t >> shift, last = (min(t + n, len) - 1) >> shift;
-    const int e = (first & ~31) + 32 * tid;
-    if (tid < n / 32 + 1 && e <= last) asm volatile("prefetch.global.L1 [%0];\n" ::"l"(pages + e));
-#else
-    (void)t, (void)len, (void)tid;
-#endif
-  }
 };
 
-// The page ids of a tile's rows held by each warp (the mma.sync bodies and the bf16 warpgroup
-// body: pages shorter than a tile, every paged tile in the latter), row lane + W j in
-// lane `lane` (W lanes a warp), loaded one tile ahead of the copies that need them and read by any
-// lane with a shuffle. The copies' asm statements clobber memory, so a page-id load per copy
-// would wait out its latency between two copies; this way a tile's ids are one load a lane, issued
-// a tile early. Every lane of the warp must call row() together (a shuffle). (NVIDIA bodies; the
-// AMD bodies take rows.ptr per row for now.)
+// The page ids of a tile's rows held by each warp (the bf16 warpgroup body's paged tiles), row
+// lane + W j in lane `lane` (W lanes a warp), loaded one tile ahead of the copies that need them
+// and read by any lane with a shuffle. The copies' asm statements clobber memory, so a page-id
+// load per copy would wait out its latency between two copies; this way a tile's ids are one load
+// a lane, issued a tile early. Every lane of the warp must call row() together (a shuffle).
+// (NVIDIA; the AMD bodies take rows.ptr per row for now.)
 #if defined(MLAGEN_NVIDIA)
 template <int kBlockN>
 struct TileIds {
@@ -174,25 +158,6 @@ struct StagedTileIds {
     return rows.page_row(pg, tok0 + r, bad);
   }
 };
-
-// The mma.sync bodies' tile issue: copies(row_ptr) with row_ptr(r) the address of the tile's
-// row r: one base a tile when the tile is one run of rows (then the next tile's page id is
-// prefetched into L1), else the page ids loaded a tile ago (`next_ids`, refilled here for the
-// next tile when `more`). The branch stays outside the copy loop.
-template <int kBlockN, class Rows, class Copies>
-MLAGEN_DEVICE void issue_tile_rows(const Params& p, const Rows& rows, bool per_row, TileIds<kBlockN>& next_ids,
-                                   int tok0, int tok_end, bool more, int lane, bool& bad, Copies&& copies) {
-  if (!per_row) {
-    const uint8_t* base = rows.ptr(tok0, bad);
-    copies([&](int r) { return base + r * p.kv_stride_bytes; });
-    rows.template prefetch_ids<kBlockN>(tok0 + kBlockN, tok_end, threadIdx.x);
-  } else {
-    const TileIds<kBlockN> ids = next_ids;
-    if (more) next_ids.load(rows, tok0 + kBlockN, tok_end, lane);
-    copies([&](int r) { return p.kv + ids.row(rows, tok0, r, bad) * p.kv_stride_bytes; });
-  }
-}
 #endif
-
 
 }  // namespace mlagen::device

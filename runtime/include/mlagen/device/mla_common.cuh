@@ -1,6 +1,6 @@
 // The vendor-neutral half of the MLA decode math: how a sequence is split, the online
 // softmax step, the split-state encoding and the combine kernel. The vendor kernels
-// (mla_decode.cuh for NVIDIA mma.sync, mla_decode_gfx9.cuh for AMD MFMA) move data and
+// (mla_decode_sm90.cuh for NVIDIA wgmma, mla_decode_gfx9.cuh for AMD MFMA) move data and
 // drive the matrix units; every formula they share lives here, once.
 #pragma once
 #include "mlagen/platform.h"
@@ -27,8 +27,6 @@ constexpr float kLog2e = 1.4426950408889634f;
 // BODIES) in the kernel's tiling type; the device code dispatches on that name and never infers a
 // body from the tiles. A tiling states the formats and tiles its body takes (static_asserts).
 enum class Body : int {
-  kMma,            // mla_decode.cuh decode_mma: 16 rows a block, four warps of mma.sync, the KV format a policy
-                   // (MmaFp8Kv: fp8 expanded in registers; MmaWideKv: bf16 tiles, mxfp4 expanded in smem)
   kSm90Wgmma,      // mla_decode_sm90_wgmma.cuh decode_wgmma: 16 rows, one warpgroup, tiles of 64, the KV format a
                    // policy (WgE4m3Kv: fp8, mxfp4 through e4m3 wgmmas; WgBf16Kv: bf16)
   kSm90Rows,       // mla_decode_sm90_rows.cuh: 32 or 64 rows, three warpgroups, the KV format a policy (RowsKv)
@@ -37,8 +35,8 @@ enum class Body : int {
   kGfx950Fp8,      // mla_decode_gfx950_fp8.cuh: the native fp8 datapath, merges its own splits
 };
 
-// Geometry every vendor kernel shares: a KV tile of kBlockN token rows in shared memory,
-// the 576 QK dims split over kWarps warps (wavefronts on AMD), the 512 V dims likewise.
+// The geometry of a body whose warps (wavefronts) split the dims (the gfx9 body): a KV tile of
+// kBlockN token rows in shared memory, the 576 QK dims split over kWarps warps, the 512 V dims likewise.
 template <int kBlockN_, int kStages_, int kWarps_>
 struct TileGeometry {
   static constexpr int kBlockN = kBlockN_;
@@ -93,7 +91,7 @@ struct RowsBody<T, decltype(void(T::kRowsBody))> {
 };
 
 // Whether a tiling's decode can merge its splits inside its own launch when the host launches it
-// cooperatively (NVIDIA, the 16-row bodies: mla_decode.cuh merge_in_launch); else its combine runs.
+// cooperatively (NVIDIA, the 16-row body: mla_decode_sm90.cuh merge_in_launch); else its combine runs.
 template <class T>
 struct MergesInLaunch {
 #if defined(MLAGEN_NVIDIA)

@@ -1,5 +1,5 @@
 // MLA decode attention on AMD CDNA (gfx942, gfx950): the same algorithm as the NVIDIA
-// kernel (mla_decode.cuh), on MFMA with 64-lane wavefronts.
+// kernels (mla_decode_sm90.cuh), on MFMA with 64-lane wavefronts.
 //
 // Block (split x row group, sequence) = 4 waves, owning 16 query rows (shapes.cuh QueryRows:
 // the sequence's query tokens x heads, causal among the tokens; at q_len 1 and 16 heads the

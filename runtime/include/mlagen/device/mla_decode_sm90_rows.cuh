@@ -399,7 +399,7 @@ struct RowsTiling {
   template <QFormat Q>
   using WithQ = RowsTiling<kStages_, Q, kRows_, kKv_>;
   static constexpr Body kBody = Body::kSm90Rows;  // the tiling is the body's (codegen/spec.py KernelSpec.body)
-  static constexpr bool kRowsBody = true, kWide = false, kWarpgroup = false;
+  static constexpr bool kRowsBody = true, kWide = false;
   static constexpr int kRowsPerBlock = L::kRows;
   static constexpr float kVUnit = 1.f;  // partial O is in KV units (the combine applies the KV scale)
   static constexpr int kBlockN = L::kBlockN, kStages = kStages_;

@@ -1,10 +1,10 @@
 // MLA decode on sm_90a: the warpgroup (wgmma) body for 16 query rows a block, the KV format a
 // policy of it.
 //
-// Why a second NVIDIA body (docs/perf.md): mma.sync has no native fp8 on Hopper, so the
-// mma.sync kernel decodes every KV byte to f16. Here the KV bytes go to the tensor cores
-// as stored, S^T = K Q^T and O^T += V^T P^T with the tile's 64 tokens as M (the query rows are
-// the N columns: wg_columns.cuh reduces over them).
+// Why wgmma: on Hopper fp8 reaches the tensor cores only through wgmma (an mma.sync kernel
+// decodes every KV byte to f16 first). Here the KV bytes go to the tensor cores as stored,
+// S^T = K Q^T and O^T += V^T P^T with the tile's 64 tokens as M (the query rows are the N
+// columns: wg_columns.cuh reduces over them).
 //
 // Block = one warpgroup (128 threads) a 16-row group, tiles of 64 tokens, O^T = 8 m64 blocks
 // (512 dims) in registers, a kStages-deep cp.async ring (the first design, two warpgroups a

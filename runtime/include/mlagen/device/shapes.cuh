@@ -155,11 +155,11 @@ MLAGEN_DEVICE Sequence read_sequence(const Params& p, int b, int q_len) {
 
 // Which query rows a block owns. A sequence's rows are its n query tokens x H heads, row
 // r = token r / H, head r % H (heads fastest: FlashMLA's q_seq_per_hk axis); the block of row
-// group `group` owns rows 16 group .. + 15 (kRows: the M of the mma.sync bodies' MMAs, the N of
-// the warpgroup body's). Rows past n * H (8 heads, one token) are padding: computed as a copy
-// of the last row, never written; with n = 0 (a flagged sequence without a row of its own) every
-// row is, as a copy of row 0. Causal among the tokens of a sequence: token i of n sees the first
-// len - n + 1 + i keys (key_end).
+// group `group` owns rows 16 group .. + 15 (kRows: the N of the 16-row bodies' products, the
+// warpgroup body's wgmmas and the gfx9 body's MFMAs). Rows past n * H (8 heads, one token) are
+// padding: computed as a copy of the last row, never written; with n = 0 (a flagged sequence
+// without a row of its own) every row is, as a copy of row 0. Causal among the tokens of a
+// sequence: token i of n sees the first len - n + 1 + i keys (key_end).
 struct QueryRows {
   static constexpr int kRows = kGroupRows;
   int64_t q_row0;  // the sequence's first token row

@@ -1,6 +1,6 @@
-// NVIDIA sm_90 building blocks: async copies, ldmatrix, mma.sync, fp8 decode.
-// Each wrapper is one PTX instruction (or a short fixed sequence) with its operand
-// layout written down, so mla_decode.cuh reads as the algorithm.
+// NVIDIA sm_90 building blocks: async copies, shared-memory access, fp8 conversions, wgmma,
+// mbarriers and bulk tensor copies. Each wrapper is one PTX instruction (or a short fixed
+// sequence) with its operand layout written down, so the bodies read as the algorithm.
 #pragma once
 #include "mlagen/platform.h"
 #include <cuda_fp16.h>
@@ -40,56 +40,17 @@ MLAGEN_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" :
 template <int N>
 MLAGEN_DEVICE void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
-// Four 8x8 b16 matrices; lane L supplies the row address of matrix L/8, row L%8, and
-// receives in r[i] row (L/4), b16 column (L%4) of matrix i. On fp8 rows of 16 bytes that
-// is: 4 consecutive bytes (bytes 4*(L%4)..+3) of row L/4.
-MLAGEN_DEVICE void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
 MLAGEN_DEVICE uint32_t lds32(uint32_t addr) {
   uint32_t v;
   asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
   return v;
 }
 
-// D(16x8,f32) += A(16x16,f16,row) * B(16x8,f16,col). With g = lane/4, t = lane%4:
-//   a[0] = A[g][2t..2t+1]   a[1] = A[g+8][2t..2t+1]   a[2] = A[g][2t+8..+9]   a[3] = A[g+8][2t+8..+9]
-//   b0 = B[2t..2t+1][g]     b1 = B[2t+8..2t+9][g]
-//   d[0..1] = D[g][2t..2t+1]   d[2..3] = D[g+8][2t..2t+1]
-MLAGEN_DEVICE void mma_f16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// fp8 e4m3 -> f16 decode for the mma.sync fp8 kernel. Hopper has no fp8 MMA outside wgmma, so
-// every KV value is decoded once per block (576 values a token for K, 512 for V) with
-// cvt.rn.f16x2.e4m3x2: one instruction per two values, exact. (Bit moves on the integer pipe,
-// e4m3 in the high byte of an f16 = the value x 2^-8, were measured as an alternative route and
-// were not faster: docs/perf.md.) The decoded unit is the e4m3 value itself.
+// fp8 e4m3 x2 -> f16x2 (cvt.rn.f16x2.e4m3x2: one instruction, exact), x in the low byte.
 MLAGEN_DEVICE uint32_t e4m3x2_f2fp(uint16_t v) {
   uint32_t d;
   asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(d) : "h"(v));
   return d;
-}
-constexpr float kKDecodeScale = 1.f;  // decoded K unit x this = e4m3 value
-constexpr float kVDecodeScale = 1.f;
-
-// K: w = bytes [b3 b2 b1 b0] of one token -> f16x2 (b0, b1) and (b2, b3).
-MLAGEN_DEVICE uint32_t k_lo_to_f16x2(uint32_t w) { return e4m3x2_f2fp(static_cast<uint16_t>(w)); }
-MLAGEN_DEVICE uint32_t k_hi_to_f16x2(uint32_t w) { return e4m3x2_f2fp(static_cast<uint16_t>(w >> 16)); }
-// V: wa, wb = 4 dims of two tokens -> d[j] = f16x2 (wa.byte j, wb.byte j), j = 0..3.
-MLAGEN_DEVICE void v_pairs_to_f16x2(uint32_t wa, uint32_t wb, uint32_t (&d)[4]) {
-  const uint32_t lo = __byte_perm(wa, wb, 0x5140), hi = __byte_perm(wa, wb, 0x7362);
-  d[0] = e4m3x2_f2fp(static_cast<uint16_t>(lo));
-  d[1] = e4m3x2_f2fp(static_cast<uint16_t>(lo >> 16));
-  d[2] = e4m3x2_f2fp(static_cast<uint16_t>(hi));
-  d[3] = e4m3x2_f2fp(static_cast<uint16_t>(hi >> 16));
 }
 
 // Two e4m3 bytes (x in the low byte) -> fp32, exact.
@@ -113,23 +74,6 @@ MLAGEN_DEVICE uint32_t pack_bf16x2_rn(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&h);
 }
 
-// Transposing variant: lane L supplies the row address as for ldmatrix_x4 and receives in
-// r[i] the b16 pair (rows 2(L%4), 2(L%4)+1; column L/4) of matrix i.
-MLAGEN_DEVICE void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-// D(16x8,f32) += A(16x16,bf16,row) * B(16x8,bf16,col); fragment layout as mma_f16_16816.
-MLAGEN_DEVICE void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // The copy form of prmt under the name both vendors' ops headers give it.
 MLAGEN_DEVICE uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t sel) { return __byte_perm(x, y, sel); }
 
@@ -140,26 +84,6 @@ MLAGEN_DEVICE uint32_t prmt(uint32_t x, uint32_t y, uint32_t sel) {
   uint32_t d;
   asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(x), "r"(y), "r"(sel));
   return d;
-}
-
-// 8 E2M1 values (w, low nibble = even index) times 2^(b-127) -> 4 bf16x2 words, for scale
-// bytes b in [2, 252], where every product is a normal bf16 (so the bf16 multiply is exact).
-// The magnitude code (3 bits) indexes two 8-byte tables through prmt: the high and the low
-// byte of its bf16 (0, .5, 1, 1.5, 2, 3, 4, 6); the sign bits are spread by prmt's sign
-// replication (bit 3 of a nibble is bit 7 of the byte of w << 4). ~3 instructions a value.
-MLAGEN_DEVICE void e2m1x8_to_bf16_scaled(uint32_t w, uint32_t scale_b, uint32_t (&out)[4]) {
-  const uint32_t sc2 = (scale_b << 7) | (scale_b << 23);  // bf16x2 (2^(b-127), 2^(b-127))
-  const uint32_t w4 = w << 4;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const uint32_t sel = (w >> (16 * h)) & 0x7777u;
-    const uint32_t hi = prmt(0x3F3F3F00u, 0x40404040u, sel), lo = prmt(0xC0800000u, 0xC0804000u, sel);
-    uint32_t a = prmt(lo, hi, 0x5140), b = prmt(lo, hi, 0x7362);  // values (4h, 4h+1), (4h+2, 4h+3)
-    a |= prmt(w, w4, h ? 0xA0E0u : 0x80C0u) & 0x80008000u;
-    b |= prmt(w, w4, h ? 0xB0F0u : 0x90D0u) & 0x80008000u;
-    asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(out[2 * h]) : "r"(a), "r"(sc2));
-    asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(out[2 * h + 1]) : "r"(b), "r"(sc2));
-  }
 }
 
 MLAGEN_DEVICE float fast_exp2(float x) {
@@ -559,8 +483,8 @@ MLAGEN_DEVICE uint4 lds128(uint32_t addr) {
 
 // 8 E2M1 values (w, low nibble = even index) -> 8 e4m3 bytes (lo: values 0..3, hi: 4..7)
 // through an 8-entry table of the magnitude codes' e4m3 bytes (t0: codes 0..3, t1: 4..7),
-// which carries the block's power of two. The sign is spread by prmt's sign replication as
-// in e2m1x8_to_bf16_scaled. ~1.1 instructions a value.
+// which carries the block's power of two. The sign bits are spread by prmt's sign replication
+// (bit 3 of a nibble is bit 7 of the byte of w << 4). ~1.1 instructions a value.
 MLAGEN_DEVICE void e2m1x8_to_e4m3(uint32_t w, uint32_t t0, uint32_t t1, uint32_t& lo, uint32_t& hi) {
   const uint32_t w4 = w << 4, m = w & 0x77777777u;
   lo = prmt(t0, t1, m & 0xffffu) | (prmt(w, w4, 0x9D8Cu) & 0x80808080u);
