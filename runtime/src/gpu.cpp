@@ -290,20 +290,33 @@ mlagen_status load(const CodeObject& obj, Functions* f) {
     *slots[i] = reinterpret_cast<void*>(fn);
   }
   f->resident_blocks = 0;
+  f->combine_units = 0;
 #if defined(MLAGEN_VENDOR_NVIDIA)
-  if (obj.info.merge_in_launch && f->decode) {
-    const EntryShape shape = entry_shape(obj.info, kDecode);
-    int per_sm = 0, sms = 0;
+  if ((obj.info.merge_in_launch && f->decode) || f->combine) {
+    int sms = 0;
     CUdevice dev = 0;
-    std::snprintf(what, sizeof(what), "%s: blocks resident an SM", obj.name);
-    st = check(a->OccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, static_cast<CUfunction>(f->decode),
-                                                            static_cast<int>(shape.threads), shape.smem),
-               what);
-    if (st == MLAGEN_OK) st = check(a->CtxGetDevice(&dev), "cuCtxGetDevice");
+    st = check(a->CtxGetDevice(&dev), "cuCtxGetDevice");
     if (st == MLAGEN_OK)
       st = check(a->DeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev), "SM count");
     if (st != MLAGEN_OK) return st;
-    f->resident_blocks = static_cast<int64_t>(per_sm) * sms;
+    int per_sm = 0;
+    if (obj.info.merge_in_launch && f->decode) {
+      const EntryShape shape = entry_shape(obj.info, kDecode);
+      std::snprintf(what, sizeof(what), "%s: blocks resident an SM", obj.name);
+      st = check(a->OccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, static_cast<CUfunction>(f->decode),
+                                                              static_cast<int>(shape.threads), shape.smem),
+                 what);
+      if (st != MLAGEN_OK) return st;
+      f->resident_blocks = static_cast<int64_t>(per_sm) * sms;
+    }
+    if (f->combine) {
+      std::snprintf(what, sizeof(what), "%s_combine: blocks resident an SM", obj.name);
+      st = check(a->OccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, static_cast<CUfunction>(f->combine),
+                                                              device::kCombineGroupThreads, 0),
+                 what);
+      if (st != MLAGEN_OK) return st;
+      f->combine_units = static_cast<int64_t>(per_sm) * sms;
+    }
   }
 #endif
   return MLAGEN_OK;

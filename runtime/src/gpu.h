@@ -53,6 +53,10 @@ struct Functions {
   // whose decode can merge its splits in its launch: LaunchInfo merge_in_launch; else 0). A grid of
   // at most this many is launched cooperatively when it merges in launch (launch.cpp).
   int64_t resident_blocks;
+  // 128-thread blocks of the combine entry the device holds at once (blocks an SM x SMs; NVIDIA;
+  // 0 on AMD, where the combine runs one split group a row): how many split groups a combine grid
+  // may take and still be resident at once (launch.cpp).
+  int64_t combine_units;
 };
 
 struct Launch {

@@ -109,6 +109,16 @@ mlagen_status kv_maps(const Params& p, int32_t row_bytes, device::KvMapsAbi* map
   return MLAGEN_OK;
 }
 
+// The combine's block: a split group (128 threads) for every 8 splits begun, up to 4 (kernel_abi.h),
+// but no more groups than keep the grid resident at once (units: the 128-thread blocks the device
+// holds; 0: one group). H200 (docs/perf.md): 4 groups took a 128-row, 32-split combine's tail from
+// 6.4 to ~2 us; 2 groups at 512 rows (over the device's ~660 units) cost a second wave, +1.3 us.
+unsigned combine_threads(int32_t splits, unsigned rows, int64_t units) {
+  int groups = device::combine_groups(splits);
+  while (groups > 1 && static_cast<int64_t>(rows) * groups > units) --groups;
+  return static_cast<unsigned>(device::kCombineGroupThreads * groups);
+}
+
 }  // namespace
 
 void set_split_merge(int32_t mode) { g_split_merge.store(mode, std::memory_order_relaxed); }
@@ -152,8 +162,8 @@ mlagen_status launch_kernel(const CodeObject& obj, const mlagen_problem* pr, int
   if (splits > 1 && !info.fused_combine && !p.merge_in_launch) {
     if (!f->combine) return fail(MLAGEN_ERR_UNSUPPORTED, "%s: no _combine entry, and %d splits to merge", obj.name, splits);
     const unsigned rows = static_cast<unsigned>(pr->batch * p.row_groups * 16);  // one block a query row
-    const unsigned threads = static_cast<unsigned>(device::combine_block_threads(splits));  // <= LaunchInfo's
-    st = gpu::launch({f->combine, rows, 1, threads, 0, stream, args, true, false}, "combine launch");
+    st = gpu::launch({f->combine, rows, 1, combine_threads(splits, rows, f->combine_units), 0, stream, args, true, false},
+                     "combine launch");
   }
   return st;
 }

@@ -126,8 +126,8 @@ def test_random_shapes(i):
 
 @pytest.mark.parametrize("splits", [8, 9, 16, 17, 24, 25, 32, 64])
 def test_combine_split_groups(splits):
-    """The combine's split groups (kernel_abi.h combine_block_threads: 128 threads a group, a group
-    for every 8 splits begun, at most 4): each group count, groups of unequal split counts, sequences
+    """The combine's split groups (kernel_abi.h combine_groups: 128 threads a group, a group for
+    every 8 splits begun, at most 4; 5 sequences x 16 rows keep them all, launch.cpp): each group count, groups of unequal split counts, sequences
     shorter than their splits' tiles (groups with no token), an empty one. Every (token, head) row
     against float32 attention on the same inputs: 1e-2, 2.3x the worst row measured (4.3e-3,
     tests/tolerances.py); a group merged with a wrong weight or left out moves a row by ~1e-1."""

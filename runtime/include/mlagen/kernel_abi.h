@@ -100,7 +100,7 @@ struct LaunchInfo {
   int32_t rows_body;        // 1: the decode takes KvMapsAbi as its second argument (sm90a)
   int32_t params_bytes;     // sizeof(Params) as the device compiler laid it out
   int32_t maps_bytes;       // sizeof(KvMapsAbi) likewise (0: no maps argument)
-  int32_t combine_threads;  // <name>_combine's largest block (one block a query row; combine_block_threads)
+  int32_t combine_threads;  // <name>_combine's largest block (one block a query row: kCombineThreads)
   int32_t amax_threads;     // <name>_amax's block
   int32_t merge_in_launch;  // 1: the decode merges its splits itself when launched cooperatively
                             //   (Params::merge_in_launch); its <name>_combine runs otherwise
@@ -110,13 +110,14 @@ constexpr int32_t kLaunchInfoVersion = 2;
 constexpr int kAmaxThreads = 256;
 // The combine: one block a query row, 128 threads x 4 dims a split group; G groups (1..4) share the
 // row's splits (group g merges splits g, g + G, ..., kCombineSplitsInFlight of them in flight a
-// round) and the block merges the groups' states at the end. G = the rounds one group would need,
-// at most 4: a row of 32 splits is one L2 round trip, not four (a row is a chain of them).
+// round) and the block merges the groups' states at the end: a row of 32 splits is one L2 round
+// trip, not four (a row is a chain of them). combine_groups: the most a row's splits use; the host
+// launches fewer where the grid would not be resident at once (launch.cpp).
 constexpr int kCombineGroupThreads = 128, kCombineMaxGroups = 4, kCombineSplitsInFlight = 8;
 constexpr int kCombineThreads = kCombineGroupThreads * kCombineMaxGroups;  // the largest block (launch bounds)
-constexpr int combine_block_threads(int splits) {
+constexpr int combine_groups(int splits) {
   const int g = (splits + kCombineSplitsInFlight - 1) / kCombineSplitsInFlight;
-  return kCombineGroupThreads * (g < 1 ? 1 : g > kCombineMaxGroups ? kCombineMaxGroups : g);
+  return g < 1 ? 1 : g > kCombineMaxGroups ? kCombineMaxGroups : g;
 }
 // The fp8-q pre-pass: its blocks at most, and the workspace byte offset of their maxima (inside
 // the workspace's reserved first 1 KB: mlagen/internal.h WorkspaceLayout).

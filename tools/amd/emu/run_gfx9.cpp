@@ -408,7 +408,7 @@ static bool run_case(const Format& fmt, const Case& c) {
   if constexpr (QF == QFormat::kFp8FromBf16) launch(q_amax_block<256>, p.q_amax_parts, 1, 256, p, c.reverse);
   launch(mla_decode_block<T, Shape>, splits * groups, batch, T::kThreads, p, c.reverse);  // launch.cpp's grid
   if (splits > 1 && !FusedCombine<TG>::value)
-    launch(mla_combine_block<TG, Shape>, batch * groups * kGroupRows, 1, combine_block_threads(splits), p, c.reverse);
+    launch(mla_combine_block<TG, Shape>, batch * groups * kGroupRows, 1, kCombineGroupThreads * combine_groups(splits), p, c.reverse);
   bool counters_reset = true;  // the merging block leaves every counter at 0 for the next call
   for (uint32_t v : counters) counters_reset &= v == 0u;
   constexpr bool kNativeFp8 = T::kBody == Body::kGfx950Fp8;

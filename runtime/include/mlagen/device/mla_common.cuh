@@ -325,14 +325,39 @@ MLAGEN_DEVICE float merge_o_scale(const Params& p) {
   return T::kWide ? 1.f : kv_scale_of(p) * T::kVUnit;
 }
 
+// The combine's split groups meet: each group g > 0 leaves its state (as a split's) and its 4 dims a
+// thread in shared memory, and group 0 merges them into its own (the order of the merge changes no
+// weight: w = 2^(m - max m) over the groups' maxima as over the splits').
+MLAGEN_DEVICE void combine_groups_merge(SplitMerge& mg, float4& acc, int groups, int g, int t) {
+  __shared__ float4 s_acc[kCombineMaxGroups - 1][kCombineGroupThreads];
+  __shared__ float2 s_ml[kCombineMaxGroups - 1];
+  if (g > 0) {
+    s_acc[g - 1][t] = acc;
+    if (t == 0) s_ml[g - 1] = split_state(mg.mmax, mg.lsum, mg.bad);
+  }
+  __syncthreads();
+  if (g > 0) return;
+  for (int h = 1; h < groups; ++h) {
+    float a, w;
+    if (!mg.add(s_ml[h - 1], a, w)) continue;  // a group without tokens
+    const float4 v = s_acc[h - 1][t];
+    acc.x = acc.x * a + w * v.x;
+    acc.y = acc.y * a + w * v.y;
+    acc.z = acc.z * a + w * v.z;
+    acc.w = acc.w * a + w * v.w;
+  }
+}
+
 // Merges the splits of one (sequence, query row): out = sum_s w_s O_s / sum_s w_s l_s with
 // w_s = 2^(m_s - max m), times the per-tensor KV scale where the kernel's path leaves it to
-// the end (fp8). G groups of 128 threads x 4 dims (blockDim = combine_block_threads(splits)):
-// group g merges splits g, g + G, .. online with the loads of 8 splits in flight at once (one L2
-// round trip per 8 of its splits after the wait), then group 0 merges the G groups' states from
-// shared memory and writes the row. grid = batch * row_groups * 16 (padding rows return).
-// Launched as a dependent grid (NVIDIA), it reads the call's own inputs while the decode grid
-// still runs. (entry.cuh: the body of a code object's `<name>_combine`, at most kCombineThreads.)
+// the end (fp8). G groups of 128 threads x 4 dims (blockDim = 128 G, G <= combine_groups(splits):
+// the host's choice, launch.cpp): group g merges splits g, g + G, .. online with the loads of 8
+// splits in flight at once (one L2 round trip per 8 of its splits after the wait), then group 0
+// merges the G groups' states from shared memory and writes the row. A specialization of at most
+// 8 splits is one group at compile time (its split count known: no shared memory, only the loads
+// it needs). grid = batch * row_groups * 16 (padding rows return). Launched as a dependent grid
+// (NVIDIA), it reads the call's own inputs while the decode grid still runs. (entry.cuh: the body
+// of a code object's `<name>_combine`, at most kCombineThreads.)
 template <class T, class Shape>
 MLAGEN_DEVICE void mla_combine_block(const Params& p) {
   const int per_seq = Shape::row_groups(p) * kGroupRows;
@@ -344,33 +369,19 @@ MLAGEN_DEVICE void mla_combine_block(const Params& p) {
   if (!rows.owns(j)) return;  // (the whole block)
   const int64_t stride = static_cast<int64_t>(Shape::row_groups(p)) * kGroupRows;  // part rows a split
   const float o_scale = merge_o_scale<T>(p);
-  const int groups = static_cast<int>(blockDim.x) / kCombineGroupThreads;
-  const int g = static_cast<int>(threadIdx.x) / kCombineGroupThreads;
-  const int t = static_cast<int>(threadIdx.x) % kCombineGroupThreads;
+  constexpr bool kOneGroup = Shape::kStaticSplits > 0 && Shape::kStaticSplits <= kCombineSplitsInFlight;
+  const int groups = kOneGroup ? 1 : static_cast<int>(blockDim.x) / kCombineGroupThreads;
+  const int g = kOneGroup ? 0 : static_cast<int>(threadIdx.x) / kCombineGroupThreads;
+  const int t = kOneGroup ? static_cast<int>(threadIdx.x) : static_cast<int>(threadIdx.x) % kCombineGroupThreads;
   wait_for_prior_grid();  // the decode grid's partials are complete and visible
   const int dim = 4 * t;
   float4 acc;
   // group g's splits: g, g + G, ... (none when g >= splits: an empty state, weight 0)
   SplitMerge mg = merge_row<kCombineSplitsInFlight>(p, (splits - g + groups - 1) / groups, rows.part(j) + g * stride,
                                                     stride * groups, dim, acc);
-  if (groups > 1) {
-    __shared__ float4 s_acc[kCombineMaxGroups - 1][kCombineGroupThreads];
-    __shared__ float2 s_ml[kCombineMaxGroups - 1];
-    if (g > 0) {
-      s_acc[g - 1][t] = acc;
-      if (t == 0) s_ml[g - 1] = split_state(mg.mmax, mg.lsum, mg.bad);  // a group's state as a split's
-    }
-    __syncthreads();
+  if constexpr (!kOneGroup) {
+    if (groups > 1) combine_groups_merge(mg, acc, groups, g, t);
     if (g > 0) return;
-    for (int h = 1; h < groups; ++h) {
-      float a, w;
-      if (!mg.add(s_ml[h - 1], a, w)) continue;  // a group without tokens
-      const float4 v = s_acc[h - 1][t];
-      acc.x = acc.x * a + w * v.x;
-      acc.y = acc.y * a + w * v.y;
-      acc.z = acc.z * a + w * v.z;
-      acc.w = acc.w * a + w * v.w;
-    }
   }
   const float a4[4] = {acc.x, acc.y, acc.z, acc.w};
   store_merged(p, mg, o_scale, rows.token(j), rows.head(j), dim, a4, threadIdx.x == 0);

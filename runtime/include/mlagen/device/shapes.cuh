@@ -185,6 +185,7 @@ template <int kBatch, int kKvLen, int kSplits, int kPage_ = 0, int kNumHeads = 1
 struct StaticShape {
   static constexpr bool kGeneric = false;
   static constexpr int kPage = kPage_;
+  static constexpr int kStaticSplits = kSplits;  // 0: chosen at run time (DynamicShape)
   static constexpr int kGroups = (kNumHeads * kQLen + kGroupRows - 1) / kGroupRows;
   // whether a row can have seen no key after a tile of its split (causal rows: q_len > 1); one
   // query token sees every key of every tile, so its running max is finite after the first
@@ -202,6 +203,7 @@ struct StaticShape {
 struct DynamicShape {
   static constexpr bool kGeneric = true;
   static constexpr int kPage = -1;  // kv_rows.cuh kPageRuntime
+  static constexpr int kStaticSplits = 0;
   static constexpr bool kRowsEndEarly = true;
   MLAGEN_DEVICE static int splits(const Params& p) { return p.splits; }
   MLAGEN_DEVICE static int heads(const Params& p) { return p.num_heads; }
