@@ -12,7 +12,7 @@ import os
 
 import jinja2
 
-from . import facts
+from . import facts, wgmma
 from .spec import ARCHS, BODIES, KV_FORMATS, ROWS_BODY_MIN_WORK, SPLIT_MAX, SPLIT_MIN_TOKENS, SPLIT_PARTIAL_COST, KernelSpec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -91,6 +91,9 @@ def render(specs: list[KernelSpec]) -> dict[str, str]:
     out["sources.cmake"] = env.get_template("sources.cmake.j2").render(
         specs=specs, banner=banner, fingerprint=fp, archs=sorted({s.arch for s in specs}))
     out["facts.inc"] = env.get_template("facts.inc.j2").render(banner=banner, f=facts.as_dict())
+    wgmma.check_table()
+    out["wgmma_ops.inc"] = env.get_template("wgmma_ops.inc.j2").render(
+        banner=banner, rows=[(w, *w.asm()) for w in wgmma.WGMMA])
     manifest = {"generated_by": BANNER, "fingerprint": fp, "kernels": [s.as_dict() for s in specs]}
     out["manifest.json"] = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
     return out

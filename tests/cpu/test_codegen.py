@@ -315,3 +315,28 @@ def test_sm90a_kernels_walk_tiles_of_64():
             with pytest.raises(SpecError, match=r"KernelSpec.block_n=32: expected 64 on sm90a"):
                 KernelSpec("sm90a", *shape, "bf16", kv, block_n=32, stages=2)
     assert KernelSpec("gfx942", 4, 1024, 4, kv_dtype="fp8e4m3fnuz", block_n=32, stages=2).body == "gfx9"  # AMD: tiles of 32
+
+
+def test_wgmma_table_holds_every_wrapper_the_device_code_calls():
+    """codegen/wgmma.py renders generated/wgmma_ops.inc: every wgmma_m64n* the device headers call is
+    a row of the table and every row is called (no dead wrapper); a row that is no wgmma shape is
+    refused; a row's text numbers its operands after its N / 2 accumulators."""
+    import re
+    from codegen import wgmma
+    wgmma.check_table()
+    device = os.path.join(ROOT, "runtime", "include", "mlagen", "device")
+    called = set()
+    for name in os.listdir(device):
+        with open(os.path.join(device, name)) as f:
+            called |= set(re.findall(r"\b(wgmma_m64n\w+)\s*\(", f.read()))
+    assert called == {w.name for w in wgmma.WGMMA}
+    with pytest.raises(ValueError, match="not a wgmma shape"):
+        wgmma.check_table((wgmma.Wgmma(24, 32, "e4m3", "ss", "acc", "", "N = 24 is not a multiple of 16"),))
+    with pytest.raises(ValueError, match="twice"):
+        wgmma.check_table(wgmma.WGMMA[:1] * 2)
+    text, outputs, inputs = wgmma.Wgmma(64, 16, "bf16", "ss", "pred", "", "").asm()
+    assert "setp.ne.b32 p, %34, 0" in text and "%32, %33, p, 1, 1, 0, 0;" in text
+    assert outputs.count('"+f"') == 32 and inputs == '"l"(desc_a), "l"(desc_b), "r"(accumulate)'
+    text, outputs, inputs = wgmma.Wgmma(32, 32, "e4m3", "rs", "acc", "", "").asm()
+    assert "{%16,%17,%18,%19}, %20, 1, 1, 1;" in text and inputs.endswith('"l"(desc_b)')
+    assert '"=f"' in wgmma.Wgmma(128, 32, "e4m3", "ss", "zero", "_first", "").asm()[1]

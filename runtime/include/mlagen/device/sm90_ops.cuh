@@ -40,12 +40,6 @@ MLAGEN_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" :
 template <int N>
 MLAGEN_DEVICE void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
-MLAGEN_DEVICE uint32_t lds32(uint32_t addr) {
-  uint32_t v;
-  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
-  return v;
-}
-
 // fp8 e4m3 x2 -> f16x2 (cvt.rn.f16x2.e4m3x2: one instruction, exact), x in the low byte.
 MLAGEN_DEVICE uint32_t e4m3x2_f2fp(uint16_t v) {
   uint32_t d;
@@ -166,239 +160,15 @@ MLAGEN_DEVICE void wgmma_fence_regs(uint32_t (&r)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
 }
 
-#define MLAGEN_WGMMA_D16 \
-  "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}"
-#define MLAGEN_WGMMA_D16_OUT(d)                                                                              \
-  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
-      "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-
-// D(64x32, f32) (+)= A(64x32, e4m3, shared, K-major) * B(32x32, e4m3, shared, K-major)^T;
-// accumulate = 0 overwrites D.
-MLAGEN_DEVICE void wgmma_m64n32k32_e4m3_ss(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-#if defined(MLAGEN_WGMMA_UNAVAILABLE)
-  __trap();
-#else
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 " MLAGEN_WGMMA_D16 ", %16, %17, p, 1, 1;\n}\n"
-      : MLAGEN_WGMMA_D16_OUT(d)
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-#endif
-}
-// D(64x32, f32) += A(64x32, e4m3, registers: the fragment above) * B(32x32, e4m3, shared, K-major)^T.
-MLAGEN_DEVICE void wgmma_m64n32k32_e4m3_rs(float (&d)[16], const uint32_t (&a)[4], uint64_t desc_b) {
-#if defined(MLAGEN_WGMMA_UNAVAILABLE)
-  __trap();
-#else
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 " MLAGEN_WGMMA_D16
-      ", {%16,%17,%18,%19}, %20, 1, 1, 1;\n"
-      : MLAGEN_WGMMA_D16_OUT(d)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
-#endif
-}
-
-#define MLAGEN_WGMMA_D32                                                                              \
-  "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26," \
-  "%27,%28,%29,%30,%31}"
-#define MLAGEN_WGMMA_D32_OUT(d)                                                                                    \
-  MLAGEN_WGMMA_D16_OUT(d), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), \
-      "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-
-// D(64x64, f32) (+)= A(64x32, e4m3, shared, K-major) * B(64x32, e4m3, shared, K-major)^T;
-// accumulate = 0 overwrites D.
-MLAGEN_DEVICE void wgmma_m64n64k32_e4m3_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-#if defined(MLAGEN_WGMMA_UNAVAILABLE)
-  __trap();
-#else
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 " MLAGEN_WGMMA_D32 ", %32, %33, p, 1, 1;\n}\n"
-      : MLAGEN_WGMMA_D32_OUT(d)
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-#endif
-}
-// The same, D = A * B^T (the first k-step): D is only written, so nothing needs to hold its old values.
-MLAGEN_DEVICE void wgmma_m64n64k32_e4m3_ss_first(float (&d)[32], uint64_t desc_a, uint64_t desc_b) {
-#if defined(MLAGEN_WGMMA_UNAVAILABLE)
-  __trap();
-#else
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 " MLAGEN_WGMMA_D32 ", %32, %33, 0, 1, 1;\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), "=f"(d[8]),
-        "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]),
-        "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]),
-        "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31])
-      : "l"(desc_a), "l"(desc_b));
-#endif
-}
-MLAGEN_DEVICE void wgmma_m64n32k32_e4m3_ss_first(float (&d)[16], uint64_t desc_a, uint64_t desc_b) {
-#if defined(MLAGEN_WGMMA_UNAVAILABLE)
-  __trap();
-#else
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 " MLAGEN_WGMMA_D16 ", %16, %17, 0, 1, 1;\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), "=f"(d[8]),
-        "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15])
-      : "l"(desc_a), "l"(desc_b));
-#endif
-}
-// D(64x64, f32) += A(64x16, f16, registers) * B(64x16, f16, shared, K-major)^T. Register A
-// fragment (16-bit types), warp w: a[0] = A[16w + g][2t..2t+1], a[1] = A[16w + g + 8][2t..2t+1],
-// a[2] = A[16w + g][2t+8..2t+9], a[3] = A[16w + g + 8][2t+8..2t+9] (low half = lower k).
-MLAGEN_DEVICE void wgmma_m64n64k16_f16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b) {
-#if defined(MLAGEN_WGMMA_UNAVAILABLE)
-  __trap();
-#else
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " MLAGEN_WGMMA_D32
-      ", {%32,%33,%34,%35}, %36, 1, 1, 1, 0;\n"
-      : MLAGEN_WGMMA_D32_OUT(d)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
-#endif
-}
-
-// D(64x32, f32) += A(64x16, f16, registers) * B(32x16, f16, shared, K-major)^T (A as above).
-MLAGEN_DEVICE void wgmma_m64n32k16_f16_rs(float (&d)[16], const uint32_t (&a)[4], uint64_t desc_b) {
-#if defined(MLAGEN_WGMMA_UNAVAILABLE)
-  __trap();
-#else
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 " MLAGEN_WGMMA_D16
-      ", {%16,%17,%18,%19}, %20, 1, 1, 1, 0;\n"
-      : MLAGEN_WGMMA_D16_OUT(d)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
-#endif
-}
-
-#define MLAGEN_WGMMA_D8 "{%0,%1,%2,%3,%4,%5,%6,%7}"
-#define MLAGEN_WGMMA_D8_OUT(d) \
-  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-
-// D(64x16, f32) (+)= A(64x16, bf16, shared, K-major) * B(16x16, bf16, shared, K-major)^T;
-// accumulate = 0 overwrites D.
-MLAGEN_DEVICE void wgmma_m64n16k16_bf16_ss(float (&d)[8], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-#if defined(MLAGEN_WGMMA_UNAVAILABLE)
-  __trap();
-#else
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 " MLAGEN_WGMMA_D8 ", %8, %9, p, 1, 1, 0, 0;\n}\n"
-      : MLAGEN_WGMMA_D8_OUT(d)
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-#endif
-}
-// D(64x16, f32) += A(64x16, bf16, shared, M-major: A^T is what the descriptor describes, a
-// matrix of 16 rows along K, each 64 M-contiguous values) * B(16x16, bf16, shared, K-major)^T.
-// M-major layouts (128B swizzle): 8-row atoms of 1024 bytes along K (SBO between them), 64
-// values of M in a 128-byte row, LBO between 64-value groups of M.
-MLAGEN_DEVICE void wgmma_m64n16k16_bf16_ss_mn(float (&d)[8], uint64_t desc_a, uint64_t desc_b) {
-#if defined(MLAGEN_WGMMA_UNAVAILABLE)
-  __trap();
-#else
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 " MLAGEN_WGMMA_D8 ", %8, %9, 1, 1, 1, 1, 0;\n"
-      : MLAGEN_WGMMA_D8_OUT(d)
-      : "l"(desc_a), "l"(desc_b));
-#endif
-}
-
-// bf16 products of the rows body (mla_decode_sm90_rows.cuh, bf16 KV), N = its 64 or 32 query rows.
-// D(64x64, f32) (+)= A(64x16, bf16, shared, K-major) * B(64x16, bf16, shared, K-major)^T;
-// accumulate = 0 overwrites D.
-MLAGEN_DEVICE void wgmma_m64n64k16_bf16_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-#if defined(MLAGEN_WGMMA_UNAVAILABLE)
-  __trap();
-#else
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-#endif
-}
-// The same, D = A * B^T (the first k-step): D is only written.
-MLAGEN_DEVICE void wgmma_m64n64k16_bf16_ss_first(float (&d)[32], uint64_t desc_a, uint64_t desc_b) {
-#if defined(MLAGEN_WGMMA_UNAVAILABLE)
-  __trap();
-#else
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, 0, 1, 1, 0, 0;\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31])
-      : "l"(desc_a), "l"(desc_b));
-#endif
-}
-// D(64x64, f32) += A(64x16, bf16, shared, M-major: the descriptor's transpose bit, as
-// wgmma_m64n16k16_bf16_ss_mn) * B(64x16, bf16, shared, K-major)^T.
-MLAGEN_DEVICE void wgmma_m64n64k16_bf16_ss_mn(float (&d)[32], uint64_t desc_a, uint64_t desc_b) {
-#if defined(MLAGEN_WGMMA_UNAVAILABLE)
-  __trap();
-#else
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, 1, 1, 1, 1, 0;\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(desc_a), "l"(desc_b));
-#endif
-}
-// D(64x32, f32) (+)= A(64x16, bf16, shared, K-major) * B(32x16, bf16, shared, K-major)^T;
-// accumulate = 0 overwrites D.
-MLAGEN_DEVICE void wgmma_m64n32k16_bf16_ss(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-#if defined(MLAGEN_WGMMA_UNAVAILABLE)
-  __trap();
-#else
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-#endif
-}
-// The same, D = A * B^T (the first k-step): D is only written.
-MLAGEN_DEVICE void wgmma_m64n32k16_bf16_ss_first(float (&d)[16], uint64_t desc_a, uint64_t desc_b) {
-#if defined(MLAGEN_WGMMA_UNAVAILABLE)
-  __trap();
-#else
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, 0, 1, 1, 0, 0;\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15])
-      : "l"(desc_a), "l"(desc_b));
-#endif
-}
-// D(64x32, f32) += A(64x16, bf16, shared, M-major: the descriptor's transpose bit, as
-// wgmma_m64n16k16_bf16_ss_mn) * B(32x16, bf16, shared, K-major)^T.
-MLAGEN_DEVICE void wgmma_m64n32k16_bf16_ss_mn(float (&d)[16], uint64_t desc_a, uint64_t desc_b) {
-#if defined(MLAGEN_WGMMA_UNAVAILABLE)
-  __trap();
-#else
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, 1, 1, 1, 1, 0;\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "l"(desc_a), "l"(desc_b));
-#endif
-}
-
-// D(64x128, f32) (+)= A(64x32, e4m3, shared, K-major) * B(128x32, e4m3, shared, K-major)^T.
-MLAGEN_DEVICE void wgmma_m64n128k32_e4m3_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
-#if defined(MLAGEN_WGMMA_UNAVAILABLE)
-  __trap();
-#else
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, 1, 1, 1;\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(desc_a), "l"(desc_b));
-#endif
-}
-// The same, D = A * B^T (the first k-step).
-MLAGEN_DEVICE void wgmma_m64n128k32_e4m3_ss_first(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
-#if defined(MLAGEN_WGMMA_UNAVAILABLE)
-  __trap();
-#else
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, 0, 1, 1;\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]), "=f"(d[32]), "=f"(d[33]), "=f"(d[34]), "=f"(d[35]), "=f"(d[36]), "=f"(d[37]), "=f"(d[38]), "=f"(d[39]), "=f"(d[40]), "=f"(d[41]), "=f"(d[42]), "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]), "=f"(d[47]), "=f"(d[48]), "=f"(d[49]), "=f"(d[50]), "=f"(d[51]), "=f"(d[52]), "=f"(d[53]), "=f"(d[54]), "=f"(d[55]), "=f"(d[56]), "=f"(d[57]), "=f"(d[58]), "=f"(d[59]), "=f"(d[60]), "=f"(d[61]), "=f"(d[62]), "=f"(d[63])
-      : "l"(desc_a), "l"(desc_b));
-#endif
-}
+// The wgmma wrappers (generated from the table in codegen/wgmma.py: name, shape, types, where A
+// comes from, how D starts). Besides the layouts above:
+// Register A fragment of m64nNk16 (16-bit types), warp w: a[0] = A[16w + g][2t..2t+1],
+//   a[1] = A[16w + g + 8][2t..2t+1], a[2] = A[16w + g][2t+8..2t+9], a[3] = A[16w + g + 8][2t+8..2t+9]
+//   (low half = lower k).
+// M-major A ("_mn": the descriptor describes A^T, a matrix of 16 rows along K, each 64 M-contiguous
+//   values; 128B swizzle): 8-row atoms of 1024 bytes along K (SBO between them), 64 values of M in
+//   a 128-byte row, LBO between 64-value groups of M.
+#include "wgmma_ops.inc"
 
 // mbarriers in shared memory (sm_90): init by one thread (then a barrier), arrive, and wait for
 // the completion of the phase with the given parity.
@@ -468,6 +238,11 @@ MLAGEN_DEVICE void sts128(uint32_t addr, uint4 v) {
 MLAGEN_DEVICE uint32_t lds8(uint32_t addr) {
   uint32_t v;
   asm volatile("ld.shared.u8 %0, [%1];\n" : "=r"(v) : "r"(addr));
+  return v;
+}
+MLAGEN_DEVICE uint32_t lds32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
   return v;
 }
 MLAGEN_DEVICE uint2 lds64(uint32_t addr) {
