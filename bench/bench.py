@@ -90,19 +90,23 @@ class Timer:
         if self.cuda:
             self.torch.cuda.synchronize()
 
+    def _device_us(self, fn) -> float:
+        """Microseconds between events around fn's launches (synchronized before and after)."""
+        torch = self.torch
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) * 1e3
+
     def _cycles_for_hold(self) -> int:
         """torch.cuda._sleep's cycles for hold_us, from one timed sleep."""
-        torch = self.torch
         n = 1 << 20
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(n)  # warm
-        torch.cuda.synchronize()
-        a.record()
-        torch.cuda._sleep(n)
-        b.record()
-        torch.cuda.synchronize()
-        return max(1, int(n * self.hold_us / (a.elapsed_time(b) * 1e3)))
+        self._device_us(lambda: self.torch.cuda._sleep(n))  # warm
+        return max(1, int(n * self.hold_us / self._device_us(lambda: self.torch.cuda._sleep(n))))
 
     def flush_l2(self) -> None:
         """The leaderboard's flush: write a buffer much larger than the L2 (then the hold, if any)."""
@@ -114,21 +118,7 @@ class Timer:
 
     def once(self, fn) -> float:
         """Microseconds for one call of fn, L2 cold."""
-        torch = self.torch
-        if self.cuda:
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
-            self.flush_l2()
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            return start.elapsed_time(end) * 1e3
-        self.flush_l2()
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e6
+        return self.once_detail(fn)[0]
 
     def once_detail(self, fn) -> tuple[float, float, float]:
         """once(fn), and beside it the host's side of the same repetition: (event us, the host clock
@@ -136,7 +126,6 @@ class Timer:
         events start when the flush ends on the device, so a call whose launch comes later than that
         (a slow host path, or one that waits for the device) is timed with the gap in it: compare the
         third figure with the flush's own device time."""
-        torch = self.torch
         if not self.cuda:
             t0 = time.perf_counter()
             self.flush_l2()
@@ -144,6 +133,7 @@ class Timer:
             fn()
             t2 = time.perf_counter()
             return (t2 - t1) * 1e6, (t2 - t1) * 1e6, (t2 - t0) * 1e6
+        torch = self.torch
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize()
@@ -160,35 +150,19 @@ class Timer:
     def flush_device_us(self, n: int = 5) -> float:
         """The flush's own device time with its hold (median of n): how much host time a timed call
         can hide."""
-        torch = self.torch
         if not self.cuda:
             return 0.0
-        ts = []
-        for _ in range(n):
-            a = torch.cuda.Event(enable_timing=True)
-            b = torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
-            a.record()
-            self.flush_l2()
-            b.record()
-            torch.cuda.synchronize()
-            ts.append(a.elapsed_time(b) * 1e3)
-        return statistics.median(ts)
+        return statistics.median(self._device_us(self.flush_l2) for _ in range(n))
 
     def back_to_back_events(self, fn, n: int) -> float:
         """Microseconds per call for n calls in a row, no flush, events around all of them."""
-        torch = self.torch
         if not self.cuda:
             return self.wall(fn, n)
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        for _ in range(n):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) * 1e3 / n
+
+        def calls():
+            for _ in range(n):
+                fn()
+        return self._device_us(calls) / n
 
     def wall(self, fn, n: int) -> float:
         """Microseconds per call by the host clock over n calls, synchronizing only at the end."""

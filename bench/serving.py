@@ -674,7 +674,7 @@ def run_cell(run, cell: dict, data: dict, floors: dict, allowance_s: float) -> d
     for c, t in times.items():
         row["contenders"][c].update(stats_of(t))
         # the host's side of the same repetitions: a call whose launch comes after the flush has
-        # ended on the device is timed with that gap (run["flush_device_us"]); cudaMalloc / cudaFree
+        # ended on the device is timed with that gap (run.hidden_us); cudaMalloc / cudaFree
         # inside the timed calls (the caching allocator's device calls: they synchronize)
         row["contenders"][c].update(host_call_us=round(statistics.median(host[c][0]), 2),
                                     host_since_flush_us=round(statistics.median(host[c][1]), 2),
