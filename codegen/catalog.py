@@ -10,7 +10,7 @@ import os
 import re
 from typing import Iterable
 
-from .spec import (ANY, ARCHS, IMPLEMENTED, NATIVE_FP8_TARGET_BLOCKS, ROWS_BODY_TARGET_BLOCKS, SPLIT_MAX,
+from .spec import (ANY, ARCHS, GENERIC_COSTS, IMPLEMENTED, NATIVE_FP8_TARGET_BLOCKS, ROWS_A_BLOCK, ROWS_BODY_TARGET_BLOCKS, SPLIT_MAX,
                    SPLIT_MIN_TOKENS, SPLIT_PARTIAL_COST, KernelSpec,
                    SpecError, default_tiles, row_groups, rows_body_tiles, ROWS_BODY_BLOCK_MS)
 
@@ -140,6 +140,50 @@ def heuristic_splits(target_blocks: int, blocks: int, kv_len: int, arch: str | N
             best, best_cost = s, c
         s *= 2
     return best
+
+
+def modelled_us(spec: KernelSpec, batch: int, kv_len: int, heads: int, q_len: int, splits: int) -> float:
+    """A modelled generic kernel's time at this many splits (spec.py GENERIC_COSTS; runtime.cpp
+    modelled_us is the same)."""
+    block_us, tile_us, split_us, split_row_us = spec.cost
+    blocks = batch * row_groups(heads, q_len) // (spec.block_m // ROWS_A_BLOCK)
+    waves = -(-blocks * splits // spec.target_blocks)
+    tiles = -(-kv_len // (splits * SPLIT_MIN_TOKENS))
+    return waves * (block_us + tiles * tile_us) + (split_us + splits * batch * heads * q_len * split_row_us
+                                                   if splits > 1 else 0.0)
+
+
+def modelled_splits(spec: KernelSpec, batch: int, kv_len: int, heads: int, q_len: int) -> tuple[int, float]:
+    """The split count of least modelled time over 1, 2, 4 .. SPLIT_MAX (at least SPLIT_MIN_TOKENS a
+    split; the first of equal times), and that time (runtime.cpp modelled_splits)."""
+    best, best_us, s = 1, modelled_us(spec, batch, kv_len, heads, q_len, 1), 2
+    while s <= SPLIT_MAX and kv_len // s >= SPLIT_MIN_TOKENS:
+        us = modelled_us(spec, batch, kv_len, heads, q_len, s)
+        if us < best_us - 1e-9:
+            best, best_us = s, us
+        s *= 2
+    return best, best_us
+
+
+def generic_choice(arch: str, q_dtype: str, kv_dtype: str, batch: int, kv_len: int, heads: int = 16,
+                   q_len: int = 1, page_size: int = 0) -> tuple[KernelSpec, int] | None:
+    """The runtime's generic kernel and splits where the pair is modelled (spec.py GENERIC_COSTS;
+    runtime.cpp find_modelled): the least modelled time among the 16-row generic kernel and the rows
+    bodies whose block_m divides heads x q_len (contiguous KV, or pages of at least a tile), in the
+    registry's order (by name); None for an unmodelled pair."""
+    if (arch, kv_dtype) not in GENERIC_COSTS:
+        return None
+    cands = [generic_spec(arch, q_dtype, kv_dtype)]
+    for block_m in ROWS_BODY_BLOCK_MS:
+        tiles = rows_body_tiles(arch, q_dtype, kv_dtype, block_m=block_m)
+        if tiles and (heads * q_len) % block_m == 0 and (page_size == 0 or page_size >= tiles["block_n"]):
+            cands.append(KernelSpec(arch, ANY, ANY, ANY, q_dtype, kv_dtype, **tiles))
+    best = None
+    for spec in sorted(cands, key=lambda c: c.name):
+        s, us = modelled_splits(spec, batch, kv_len, heads, q_len)
+        if best is None or us < best[2] - 1e-9:
+            best = (spec, s, us)
+    return best[0], best[1]
 
 
 def params_for(arch: str, batch: int, kv_len: int, q_dtype: str, kv_dtype: str, tuning: dict, page_size: int = 0) -> dict:

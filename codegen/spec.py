@@ -65,6 +65,27 @@ SPLIT_MAX, SPLIT_MIN_TOKENS = 32, 64
 # the few KV tiles from L2 once per 16 rows (docs/perf.md, query rows). Specialized kernels
 # (shapes.txt) keep the catalog's choice.
 ROWS_BODY_MIN_WORK = 1 << 18
+# The generic kernels' modelled time where it was measured (per (arch, KV dtype)): the runtime picks
+# the generic kernel (16-row body or a rows body) and its split count together, the least of
+#   waves x (block_us + tiles a split x tile_us) + [splits > 1] x (split_us + splits x query rows x split_row_us)
+# over the generic kernels that take the problem and splits 1, 2, 4 .. SPLIT_MAX (at least
+# SPLIT_MIN_TOKENS a split); waves: the blocks of a split of every sequence x splits over the kernel's
+# target_blocks; query rows: batch x heads x q_len. block_us / tile_us by (q dtype, block_m);
+# split_us: a split's fixed cost (the combine launch, the partials' writes), split_row_us: a query row's
+# split partial. Where a pair has no entry, the rows body from ROWS_BODY_MIN_WORK on and
+# SPLIT_PARTIAL_COST's split rule (as before 2026-12-04). sm90a fp8 KV: least squares on the log times
+# of a forced (kernel x splits) sweep of issue 41's 52 serving cells on the H200 (paged 64, shuffled,
+# each call after another kernel and the 256 MB flush, both q dtypes, ~1,800 points): the model's pick
+# is 0.75% above each cell's fastest on the geomean (worst 1.16x), the rows-body threshold and
+# SPLIT_PARTIAL_COST's rule 2.1% (worst 1.61x: 64 heads 64x1024 took the 64-row body at 2 splits,
+# 57.8 us, where the 32-row body at 1 split takes 35.9). bf16 KV's sweep fitted the same form to 1.4%
+# with a worst pick 1.30x (32 heads 64x1024): not taken (docs/perf.md, the serving matrix).
+GENERIC_COSTS = {
+    ("sm90a", "fp8e4m3fn"): dict(split_us=7.28, split_row_us=0.00092, blocks={
+        ("fp8", 16): (4.94, 1.75), ("bf16", 16): (5.00, 1.75),
+        ("fp8", 32): (7.89, 1.27), ("bf16", 32): (8.71, 1.31),
+        ("fp8", 64): (14.6, 1.59), ("bf16", 64): (15.9, 1.93)}),
+}
 Q_DTYPES = ("bf16", "fp8")
 # The KV formats, one row each: what the generator, the runtime's registry and the tools need of a
 # format (docs/design-policies.md, "Adding a KV format"). row_bytes: a KV row's bytes; stride_unit:
@@ -276,6 +297,16 @@ class KernelSpec:
     @property
     def scale_kind(self) -> int:
         return KV_LAYOUT[self.kv_dtype][2]
+
+    @property
+    def cost(self) -> tuple:
+        """(block_us, tile_us, split_us, split_row_us) of GENERIC_COSTS for a generic kernel the runtime
+        chooses by the model (role 1 or 3 of a measured (arch, KV dtype)); zeros otherwise."""
+        model = GENERIC_COSTS.get((self.arch, self.kv_dtype))
+        if not model or self.role not in (1, 3):
+            return (0.0, 0.0, 0.0, 0.0)
+        block_us, tile_us = model["blocks"][(self.q_dtype, self.block_m)]
+        return (block_us, tile_us, model["split_us"], model["split_row_us"])
 
     @property
     def target_blocks(self) -> int:

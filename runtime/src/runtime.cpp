@@ -197,7 +197,7 @@ mlagen_status check_kv(const mlagen_problem* p, const KernelEntry& e) {
   return MLAGEN_OK;
 }
 
-// The generic kernel of the dtypes: a rows body's (role 3) when the problem's query rows fill its
+// The generic kernel of an unmodelled dtype pair (find_modelled serves the modelled ones): a rows body's (role 3) when the problem's query rows fill its
 // blocks (of 64, else of 32: the largest such block the build has) and its KV tiles are rows back
 // to back (contiguous, or pages of at least a tile: 64 rows), else role 1. (Smaller pages would
 // take the rows body's row-by-row copy every tile, which nothing has measured: they keep the
@@ -228,13 +228,61 @@ int64_t seq_tokens(const mlagen_problem* p) {
 }
 
 // Splits for a kernel that takes them at run time; e.target_blocks is the generated
-// resident-block count of its tiling (codegen/spec.py KernelSpec.target_blocks). The rule is the
-// generator's (catalog.heuristic_splits), from the registry's kSplitRules for this build's arch:
+// resident-block count of its tiling (codegen/spec.py KernelSpec.target_blocks). A modelled kernel
+// (e.tile_us > 0) takes modelled_splits; else the rule is the generator's (catalog.heuristic_splits),
+// from the registry's kSplitRules for this build's arch:
 // with a partial cost, the least of waves x 64-token tiles a split + splits x query rows x cost over
 // 1, 2, 4 .. kSplitMax (at least kSplitMinTokens a split); without, round half up (at least 256
 // tokens a split, 64 splits at most); the tokens a sequence are seq_tokens().
+// The modelled time (us) of the generic kernel e at s splits, avg tokens a sequence (codegen/spec.py
+// GENERIC_COSTS; e.tile_us > 0): waves x (a block's fixed cost + tiles a split x a tile's) + a split's
+// fixed cost and its partials.
+double modelled_us(const mlagen_problem* p, const KernelEntry& e, int64_t avg, int s) {
+  const int64_t blocks = static_cast<int64_t>(p->batch) * row_groups(p->num_heads, p->q_len) / (e.block_m / 16);
+  const int64_t waves = (blocks * s + e.target_blocks - 1) / e.target_blocks;
+  const int64_t tiles = (avg + static_cast<int64_t>(s) * kSplitMinTokens - 1) / (static_cast<int64_t>(s) * kSplitMinTokens);
+  const double rows = static_cast<double>(p->batch) * p->num_heads * p->q_len;
+  return static_cast<double>(waves) * (e.block_us + static_cast<double>(tiles) * e.tile_us) +
+         (s > 1 ? e.split_us + s * rows * e.split_row_us : 0.0);
+}
+
+// e's split count of least modelled time over 1, 2, 4 .. kSplitMax (at least kSplitMinTokens a split),
+// or the problem's own; *us its modelled time.
+int modelled_splits(const mlagen_problem* p, const KernelEntry& e, double* us) {
+  const int64_t avg = seq_tokens(p);
+  int best = p->splits > 0 ? p->splits : 1;
+  double best_us = modelled_us(p, e, avg, best);
+  for (int s = 2; p->splits <= 0 && s <= kSplitMax && avg / s >= kSplitMinTokens; s *= 2) {
+    const double t = modelled_us(p, e, avg, s);
+    if (t < best_us - 1e-9) best = s, best_us = t;
+  }
+  if (us) *us = best_us;
+  return best;
+}
+
+// Where the dtypes' generic kernels are modelled: the one of least modelled time that takes the
+// problem (the 16-row kernel; a rows body where heads x q_len fills its blocks and its KV tiles are
+// rows back to back, as find_generic), with its splits; else nullptr.
+const KernelEntry* find_modelled(const mlagen_problem* p, int* splits) {
+  const int32_t rows = p->num_heads * p->q_len;
+  const KernelEntry* best = nullptr;
+  double best_us = 0.0;
+  for (size_t i = 0; i < num_entries(); ++i) {
+    const KernelEntry& e = kKernelTable[i];
+    if (e.tile_us <= 0.0 || e.q_dtype != p->q_dtype || e.kv_dtype != p->kv_dtype || std::strcmp(e.arch, MLAGEN_BUILD_ARCH))
+      continue;
+    if (e.role != 1 && !(e.role == 3 && rows % e.block_m == 0 && (p->page_size == 0 || p->page_size >= e.block_n)))
+      continue;
+    double us = 0.0;
+    const int s = modelled_splits(p, e, &us);
+    if (!best || us < best_us - 1e-9) best = &e, best_us = us, *splits = s;
+  }
+  return best;
+}
+
 int generic_splits(const mlagen_problem* p, const KernelEntry& e) {
   if (p->splits > 0) return p->splits;
+  if (e.tile_us > 0.0) return modelled_splits(p, e, nullptr);
   const int64_t avg = seq_tokens(p);
   // (a sequence's row groups are blocks too: 128 heads are 8 blocks of 16 rows a split)
   const int64_t blocks = static_cast<int64_t>(p->batch) * row_groups(p->num_heads, p->q_len) / (e.block_m / 16);
@@ -302,6 +350,10 @@ mlagen_status choose_entry(const mlagen_problem* p, const KernelEntry** entry, i
         return MLAGEN_OK;
       }
     }
+  }
+  if (const KernelEntry* m = find_modelled(p, splits)) {
+    *entry = m;
+    return MLAGEN_OK;
   }
   const KernelEntry* g = find_generic(p->q_dtype, p->kv_dtype, p->num_heads * p->q_len, p->page_size,
                                       static_cast<int64_t>(p->batch) * seq_tokens(p) * row_groups(p->num_heads, p->q_len));

@@ -77,11 +77,15 @@ def test_generic_split_heuristic_scales_with_batch(L):
 
 @pytest.mark.parametrize("batch", [1, 3, 4, 16, 48, 64, 100, 256, 528, 1000])
 @pytest.mark.parametrize("kv_len", [1, 100, 255, 256, 1000, 4096, 65536])
-def test_generic_splits_follow_the_generators_heuristic(L, batch, kv_len):
-    """One rule, two places: the runtime's choice for the generic kernel and the split count
-    the generator gives an untuned shape (codegen.catalog.heuristic_splits)."""
-    got = _lib.select(Problem.make(batch, kv_len, force_generic=1))["splits"]
-    assert got == catalog.heuristic_params("sm90a", batch, kv_len, "fp8e4m3fn")["splits"]
+def test_generic_splits_follow_the_generators_rule(L, batch, kv_len):
+    """One rule, two places: the runtime's generic kernel and splits, and the generator's. fp8 KV
+    (modelled: spec.py GENERIC_COSTS) against catalog.generic_choice; bf16 KV (no model) against the
+    split count the generator gives an untuned shape (catalog.heuristic_splits)."""
+    got = _lib.select(Problem.make(batch, kv_len, force_generic=1))
+    spec, splits = catalog.generic_choice("sm90a", "bf16", "fp8e4m3fn", batch, kv_len)
+    assert (got["name"], got["splits"]) == (spec.name, splits)
+    got = _lib.select(Problem.make(batch, kv_len, force_generic=1, kv_dtype="bf16", kv_scale=None))["splits"]
+    assert got == catalog.heuristic_params("sm90a", batch, kv_len, "bf16")["splits"]
 
 
 def _workspace_layout_bytes(batch, splits, heads=16, v_dim=512):
@@ -338,30 +342,59 @@ def test_row_shapes_select_their_specialized_kernel(heads, q_len, batch, kv_len,
     assert _lib.select(Problem.make(48, 2048, num_heads=heads, q_len=q_len))["generic"]
 
 
-@pytest.mark.parametrize("heads,q_len,block_m", [(128, 1, 64), (64, 3, 64), (16, 4, 64), (32, 2, 64),
-                                                 (32, 1, 32), (8, 4, 32), (16, 2, 32), (32, 3, 32),
-                                                 (16, 1, 0), (8, 2, 0), (16, 3, 0), (8, 3, 0)])
-def test_generic_rows_kernel_takes_rows_in_blocks_of_64_then_32(heads, q_len, block_m):
-    """Without a specialization, heads x q_len a multiple of 64 on contiguous fp8 KV takes the
-    generic 64-row rows-body kernel (role 3, block_m 64), a multiple of 32 the 32-row one, with
-    splits by their blocks, on pages of 64 rows and more too; every other problem, and smaller
-    pages, the generic kernel. (48 sequences of 8192: enough work for the rows body, spec.py
-    ROWS_BODY_MIN_WORK.)"""
-    got = _lib.select(Problem.make(48, 8192, num_heads=heads, q_len=q_len))
-    assert got["generic"] and got["role"] == ("generic_rows" if block_m else "generic"), got
-    if block_m:
-        assert got["name"].endswith({64: "_bn64_st3_bm64", 32: "_bn64_bm32"}[block_m]), got["name"]
-        blocks = 48 * heads * q_len // block_m
-        assert got["splits"] == catalog.heuristic_splits(spec_mod.ROWS_BODY_TARGET_BLOCKS, blocks, 8192, "sm90a",
-                                                         48 * heads * q_len)
-        for page, role in ((64, "generic_rows"), (256, "generic_rows"), (32, "generic"), (1, "generic")):
-            width = 8192 // page
-            paged = Problem.make(48, 8192, num_heads=heads, q_len=q_len, page_size=page, page_table=0x8000,
-                                 page_table_width=width, page_table_stride=width, page_table_len=48 * width,
-                                 kv_lens=0x9000, kv_indptr=None)
-            assert _lib.select(paged)["role"] == role, (page, _lib.select(paged))
-        with pytest.raises(_lib.MlagenError, match=f"num_heads x q_len a multiple of {block_m}"):
-            _lib.select(Problem.make(48, 8192, num_heads=16, q_len=1, kernel_name=got["name"].encode()))
+@pytest.mark.parametrize("q_dtype", ["bf16", "fp8"])
+@pytest.mark.parametrize("heads,q_len", [(128, 1), (64, 3), (16, 4), (32, 2), (32, 1), (8, 4), (16, 2), (32, 3),
+                                         (16, 1), (8, 2), (16, 3), (8, 3), (64, 1), (128, 4)])
+def test_generic_fp8_kernel_and_splits_are_the_models(heads, q_len, q_dtype):
+    """fp8 KV without a specialization: the generic kernel (16-row, or a rows body whose block_m
+    divides heads x q_len) and its splits of least modelled time (spec.py GENERIC_COSTS), the
+    runtime's pick equal to catalog.generic_choice's over batch x lengths, contiguous and on pages of
+    64 and 256 rows; pages under a tile (32, 1) keep the 16-row kernel; a rows body named for rows
+    it cannot block is refused."""
+    kw = dict(q_dtype=q_dtype) if q_dtype == "fp8" else {}
+    seen = set()
+    for batch, kv_len in ((1, 1024), (5, 8192), (16, 1024), (48, 8192), (60, 1024), (96, 4096), (3, 100)):
+        got = _lib.select(Problem.make(batch, kv_len, num_heads=heads, q_len=q_len, **kw))
+        spec, splits = catalog.generic_choice("sm90a", q_dtype, "fp8e4m3fn", batch, kv_len, heads, q_len)
+        assert got["generic"] and (got["name"], got["splits"]) == (spec.name, splits), (batch, kv_len, got)
+        assert got["role"] == ("generic_rows" if spec.block_m > 16 else "generic"), got
+        seen.add(spec.block_m)
+        for page in (64, 256, 32, 1):
+            if kv_len % page:
+                continue
+            width = kv_len // page
+            paged = Problem.make(batch, kv_len, num_heads=heads, q_len=q_len, page_size=page, page_table=0x8000,
+                                 page_table_width=width, page_table_stride=width, page_table_len=batch * width,
+                                 kv_lens=0x9000, kv_indptr=None, **kw)
+            pspec, psplits = catalog.generic_choice("sm90a", q_dtype, "fp8e4m3fn", batch, kv_len, heads, q_len, page)
+            assert (page >= 64 or pspec.block_m == 16) and _lib.select(paged)["name"] == pspec.name, (page, batch)
+            assert _lib.select(paged)["splits"] == psplits
+    if (heads * q_len) % 32:
+        assert seen == {16}
+    else:
+        rows_name = next(k["name"] for k in _lib.kernels() if k["role"] == "generic_rows" and k["q_dtype"] == q_dtype
+                         and k["kv_dtype"] == "fp8e4m3fn" and k["name"].endswith("_bm32"))
+        with pytest.raises(_lib.MlagenError, match="num_heads x q_len a multiple of 32"):
+            _lib.select(Problem.make(48, 8192, num_heads=8, q_len=1, kernel_name=rows_name.encode(), **kw))
+
+
+@pytest.mark.parametrize("heads,batch,kv_len,q_dtype,want", [
+    (64, 64, 1024, "fp8", "bn64_st5_bm32 s1"), (64, 64, 1024, "bf16", "bn64_bm32 s1"),
+    (128, 4, 8192, "fp8", "bn64_st5_bm32 s8"), (128, 4, 8192, "bf16", "bn64_bm32 s8"),
+    (128, 16, 1024, "fp8", "bn64_st5_bm32 s1"), (128, 64, 8192, "fp8", "bn64_bm64 s1"),
+    (128, 16, 8192, "bf16", "bn64_st3_bm64 s4"), (64, 128, 1024, "fp8", "bn64_bm64 s1"),
+    (16, 4, 1024, "fp8", "bn64_st2 s16"), (32, 4, 8192, "bf16", "bn64_st2 s32")])
+def test_generic_fp8_picks_the_measured_fastest(heads, batch, kv_len, q_dtype, want):
+    """The model's picks on cells of the serving matrix where the H200 sweep behind GENERIC_COSTS
+    measured them fastest of every generic (kernel, power-of-two splits), paged 64, after another
+    kernel and the flush (docs/perf.md, the serving matrix): e.g. 64 heads 64x1024 the 32-row body
+    at 1 split (35.9 us; the 64-row body at 2 splits, the rule before it, 57.8)."""
+    kw = dict(q_dtype=q_dtype) if q_dtype == "fp8" else {}
+    width = kv_len // 64
+    got = _lib.select(Problem.make(batch, kv_len, num_heads=heads, page_size=64, page_table=0x8000,
+                                   page_table_width=width, page_table_stride=width, page_table_len=batch * width,
+                                   kv_lens=0x9000, kv_indptr=None, **kw))
+    assert f"{got['name'].split('kvfp8e4m3fn_')[1]} s{got['splits']}" == want, got
 
 
 @pytest.mark.parametrize("heads,q_len,block_m", [(128, 1, 64), (64, 1, 64), (16, 4, 64), (32, 1, 32),
@@ -398,15 +431,17 @@ def test_bf16_kv_rows_go_to_the_rows_body(heads, q_len, block_m, q_dtype):
                                                          (4, 8192, 64, False), (64, 1024, 128, True),
                                                          (4, 8192, 128, True), (16, 8192, 32, True)])
 def test_small_problems_keep_the_16_row_kernel(batch, kv_len, heads, rows_body):
-    """Below ROWS_BODY_MIN_WORK (batch x tokens x 16-row groups) the 16-row generic kernel serves
-    rows-body head counts (faster there on the H200); from it on, the rows body; paged alike."""
+    """Unmodelled pairs (bf16 KV: spec.py GENERIC_COSTS has no entry): below ROWS_BODY_MIN_WORK (batch
+    x tokens x 16-row groups) the 16-row generic kernel serves rows-body head counts; from it on, the
+    rows body; paged alike."""
+    kw = dict(kv_dtype="bf16", kv_scale=None)
     work = batch * kv_len * heads // 16
     assert (work >= spec_mod.ROWS_BODY_MIN_WORK) == rows_body
     want = "generic_rows" if rows_body else "generic"
-    assert _lib.select(Problem.make(batch, kv_len, num_heads=heads))["role"] == want
+    assert _lib.select(Problem.make(batch, kv_len, num_heads=heads, **kw))["role"] == want
     width = kv_len // 64
     paged = Problem.make(batch, kv_len, num_heads=heads, page_size=64, page_table=0x8000, page_table_width=width,
-                         page_table_stride=width, page_table_len=batch * width, kv_lens=0x9000, kv_indptr=None)
+                         page_table_stride=width, page_table_len=batch * width, kv_lens=0x9000, kv_indptr=None, **kw)
     assert _lib.select(paged)["role"] == want
 
 

@@ -20,6 +20,9 @@ struct KernelEntry {
   int32_t block_m;  // query rows a block: 16, or 32 / 64 (the sm90a rows body: heads x q_len a multiple of it)
   int32_t role;  // 0 specialized, 1 generic, 2 tuning candidate (reachable by name only), 3 generic rows body (one a block_m)
   int32_t target_blocks;  // resident blocks the split heuristic aims for (SMs x blocks an SM)
+  // the generic choice's model (codegen/spec.py GENERIC_COSTS; all 0 where unmeasured): us a block
+  // and a 64-token tile a wave, a split's fixed cost, a query row's split partial
+  double block_us, tile_us, split_us, split_row_us;
   const char* name;       // also its code object's and its entry points' (runtime/src/gpu.h CodeObject)
 };
 
