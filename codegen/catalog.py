@@ -10,7 +10,8 @@ import os
 import re
 from typing import Iterable
 
-from .spec import (ANY, ARCHS, GENERIC_COSTS, IMPLEMENTED, NATIVE_FP8_TARGET_BLOCKS, ROWS_A_BLOCK, ROWS_BODY_TARGET_BLOCKS, SPLIT_MAX,
+from .spec import (ANY, ARCHS, GENERIC_COSTS, IMPLEMENTED, NATIVE_FP8_TARGET_BLOCKS, ROWS_A_BLOCK,
+                   ROWS_BODY_TARGET_BLOCKS, SPLIT_MAX,
                    SPLIT_MIN_TOKENS, SPLIT_PARTIAL_COST, KernelSpec,
                    SpecError, default_tiles, row_groups, rows_body_tiles, ROWS_BODY_BLOCK_MS)
 

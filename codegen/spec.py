@@ -73,7 +73,7 @@ ROWS_BODY_MIN_WORK = 1 << 18
 # target_blocks; query rows: batch x heads x q_len. block_us / tile_us by (q dtype, block_m);
 # split_us: a split's fixed cost (the combine launch, the partials' writes), split_row_us: a query row's
 # split partial. Where a pair has no entry, the rows body from ROWS_BODY_MIN_WORK on and
-# SPLIT_PARTIAL_COST's split rule (as before 2026-12-04). sm90a fp8 KV: least squares on the log times
+# SPLIT_PARTIAL_COST's split rule (the rule before this model). sm90a fp8 KV: least squares on the log times
 # of a forced (kernel x splits) sweep of issue 41's 52 serving cells on the H200 (paged 64, shuffled,
 # each call after another kernel and the 256 MB flush, both q dtypes, ~1,800 points): the model's pick
 # is 0.75% above each cell's fastest on the geomean (worst 1.16x), the rows-body threshold and

@@ -197,7 +197,8 @@ mlagen_status check_kv(const mlagen_problem* p, const KernelEntry& e) {
   return MLAGEN_OK;
 }
 
-// The generic kernel of an unmodelled dtype pair (find_modelled serves the modelled ones): a rows body's (role 3) when the problem's query rows fill its
+// The generic kernel of an unmodelled dtype pair (find_modelled serves the modelled ones): a rows
+// body's (role 3) when the problem's query rows fill its
 // blocks (of 64, else of 32: the largest such block the build has) and its KV tiles are rows back
 // to back (contiguous, or pages of at least a tile: 64 rows), else role 1. (Smaller pages would
 // take the rows body's row-by-row copy every tile, which nothing has measured: they keep the
