@@ -614,7 +614,8 @@ def run_cell(run, cell: dict, data: dict, floors: dict, allowance_s: float) -> d
             out = fn()
             torch.cuda.synchronize()
             if c in MLAGEN_COLUMNS:
-                ent["kernel"] = (run.mlagen.last_kernel() or {}).get("name")
+                k = run.mlagen.last_kernel() or {}
+                ent["kernel"], ent["splits"] = k.get("name"), k.get("splits")
             o = out.reshape(b, ql, h, C.V_DIM)
             sees = SEES[c]
             if sees not in refs:
