@@ -122,48 +122,52 @@ def rows_params(arch: str, batch: int, kv_len: int, q_dtype: str, kv_dtype: str,
     return heuristic_params(arch, batch, kv_len, kv_dtype, row_groups(heads, q_len), rows)
 
 
+def _split_walk(target_blocks: int, blocks: int, kv_len: int, splits: int) -> tuple[int, int]:
+    """(waves of target_blocks resident blocks, 64-token tiles a split) at this many splits
+    (runtime.cpp split_walk)."""
+    return -(-blocks * splits // target_blocks), -(-kv_len // (splits * SPLIT_MIN_TOKENS))
+
+
+def _least_splits(kv_len: int, cost) -> tuple[int, float]:
+    """The split count of least cost(s) over 1, 2, 4 .. SPLIT_MAX with at least SPLIT_MIN_TOKENS a
+    split (the first of equal costs), and that cost (runtime.cpp least_splits)."""
+    best, best_cost, s = 1, cost(1), 2
+    while s <= SPLIT_MAX and kv_len // s >= SPLIT_MIN_TOKENS:
+        c = cost(s)
+        if c < best_cost - 1e-9:
+            best, best_cost = s, c
+        s *= 2
+    return best, best_cost
+
+
 def heuristic_splits(target_blocks: int, blocks: int, kv_len: int, arch: str | None = None,
                      query_rows: int = 0) -> int:
-    """The same rule as the runtime's generic_splits() (runtime/src/runtime.cpp). blocks: batch x
-    row blocks (the blocks a split of every sequence makes); query_rows: batch x heads x q_len.
-    An arch with a SPLIT_PARTIAL_COST: the least modelled cost (spec.py says how); else round half
-    up, at least 1, at most one split per 256 tokens and 64 in all."""
+    """The same rule as the runtime's generic_splits() for an unmodelled kernel (runtime/src/runtime.cpp).
+    blocks: batch x row blocks (the blocks a split of every sequence makes); query_rows: batch x heads
+    x q_len. An arch with a SPLIT_PARTIAL_COST: the least modelled cost (spec.py says how); else round
+    half up, at least 1, at most one split per 256 tokens and 64 in all."""
     cost = SPLIT_PARTIAL_COST.get(arch or "", 0.0)
     if not cost:
         splits = max(1, int(target_blocks / blocks + 0.5))
         return min(splits, max(1, kv_len // 256), 64)
-    best, best_cost, s = 1, None, 1
-    while s <= SPLIT_MAX and (s == 1 or kv_len // s >= SPLIT_MIN_TOKENS):
-        waves = -(-blocks * s // target_blocks)
-        tiles = -(-kv_len // (s * SPLIT_MIN_TOKENS))
-        c = waves * tiles + (s * query_rows * cost if s > 1 else 0.0)
-        if best_cost is None or c < best_cost - 1e-9:
-            best, best_cost = s, c
-        s *= 2
-    return best
 
-
-def modelled_us(spec: KernelSpec, batch: int, kv_len: int, heads: int, q_len: int, splits: int) -> float:
-    """A modelled generic kernel's time at this many splits (spec.py GENERIC_COSTS; runtime.cpp
-    modelled_us is the same)."""
-    block_us, tile_us, split_us, split_row_us = spec.cost
-    blocks = batch * row_groups(heads, q_len) // (spec.block_m // ROWS_A_BLOCK)
-    waves = -(-blocks * splits // spec.target_blocks)
-    tiles = -(-kv_len // (splits * SPLIT_MIN_TOKENS))
-    return waves * (block_us + tiles * tile_us) + (split_us + splits * batch * heads * q_len * split_row_us
-                                                   if splits > 1 else 0.0)
+    def walk_cost(s):
+        waves, tiles = _split_walk(target_blocks, blocks, kv_len, s)
+        return waves * tiles + (s * query_rows * cost if s > 1 else 0.0)
+    return _least_splits(kv_len, walk_cost)[0]
 
 
 def modelled_splits(spec: KernelSpec, batch: int, kv_len: int, heads: int, q_len: int) -> tuple[int, float]:
-    """The split count of least modelled time over 1, 2, 4 .. SPLIT_MAX (at least SPLIT_MIN_TOKENS a
-    split; the first of equal times), and that time (runtime.cpp modelled_splits)."""
-    best, best_us, s = 1, modelled_us(spec, batch, kv_len, heads, q_len, 1), 2
-    while s <= SPLIT_MAX and kv_len // s >= SPLIT_MIN_TOKENS:
-        us = modelled_us(spec, batch, kv_len, heads, q_len, s)
-        if us < best_us - 1e-9:
-            best, best_us = s, us
-        s *= 2
-    return best, best_us
+    """A modelled generic kernel's split count of least modelled time (spec.py GENERIC_COSTS), and
+    that time in us (runtime.cpp modelled_splits)."""
+    block_us, tile_us, split_us, split_row_us = spec.cost
+    blocks = batch * row_groups(heads, q_len) // (spec.block_m // ROWS_A_BLOCK)
+
+    def modelled_us(s):
+        waves, tiles = _split_walk(spec.target_blocks, blocks, kv_len, s)
+        return waves * (block_us + tiles * tile_us) + (split_us + s * batch * heads * q_len * split_row_us
+                                                       if s > 1 else 0.0)
+    return _least_splits(kv_len, modelled_us)
 
 
 def generic_choice(arch: str, q_dtype: str, kv_dtype: str, batch: int, kv_len: int, heads: int = 16,

@@ -299,23 +299,23 @@ mlagen_status load(const CodeObject& obj, Functions* f) {
     if (st == MLAGEN_OK)
       st = check(a->DeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev), "SM count");
     if (st != MLAGEN_OK) return st;
-    int per_sm = 0;
+    // blocks of fn (threads, smem) the device holds at once: blocks an SM x SMs
+    auto resident = [&](void* fn, int threads, size_t smem, const char* entry, int64_t* out) {
+      int per_sm = 0;
+      std::snprintf(what, sizeof(what), "%s%s: blocks resident an SM", obj.name, entry);
+      const mlagen_status r =
+          check(a->OccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, static_cast<CUfunction>(fn), threads, smem), what);
+      *out = static_cast<int64_t>(per_sm) * sms;
+      return r;
+    };
     if (obj.info.merge_in_launch && f->decode) {
       const EntryShape shape = entry_shape(obj.info, kDecode);
-      std::snprintf(what, sizeof(what), "%s: blocks resident an SM", obj.name);
-      st = check(a->OccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, static_cast<CUfunction>(f->decode),
-                                                              static_cast<int>(shape.threads), shape.smem),
-                 what);
+      st = resident(f->decode, static_cast<int>(shape.threads), shape.smem, "", &f->resident_blocks);
       if (st != MLAGEN_OK) return st;
-      f->resident_blocks = static_cast<int64_t>(per_sm) * sms;
     }
     if (f->combine) {
-      std::snprintf(what, sizeof(what), "%s_combine: blocks resident an SM", obj.name);
-      st = check(a->OccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, static_cast<CUfunction>(f->combine),
-                                                              device::kCombineGroupThreads, 0),
-                 what);
+      st = resident(f->combine, device::kCombineGroupThreads, 0, "_combine", &f->combine_units);
       if (st != MLAGEN_OK) return st;
-      f->combine_units = static_cast<int64_t>(per_sm) * sms;
     }
   }
 #endif

@@ -197,22 +197,26 @@ mlagen_status check_kv(const mlagen_problem* p, const KernelEntry& e) {
   return MLAGEN_OK;
 }
 
-// The generic kernel of an unmodelled dtype pair (find_modelled serves the modelled ones): a rows
-// body's (role 3) when the problem's query rows fill its
-// blocks (of 64, else of 32: the largest such block the build has) and its KV tiles are rows back
-// to back (contiguous, or pages of at least a tile: 64 rows), else role 1. (Smaller pages would
-// take the rows body's row-by-row copy every tile, which nothing has measured: they keep the
-// 16-row generic kernel, whose page ids are staged in shared memory a ring ahead and whose first ids load
-// beside q: docs/perf.md, paged KV.) Small problems (work = batch x tokens a sequence x 16-row groups
-// under kRowsBodyMinWork, codegen/spec.py ROWS_BODY_MIN_WORK) keep the 16-row kernel: faster there.
+// A rows body (role 3) takes the problem when its query rows fill the body's blocks and its KV tiles
+// are rows back to back (contiguous, or pages of at least a tile: 64 rows). (Smaller pages would take
+// the rows body's row-by-row copy every tile, which nothing has measured: they keep the 16-row generic
+// kernel, whose page ids are staged in shared memory a ring ahead and whose first ids load beside q:
+// docs/perf.md, paged KV.)
+bool rows_body_takes(const KernelEntry& e, int32_t rows, int32_t page_size) {
+  return e.role == 3 && rows % e.block_m == 0 && (page_size == 0 || page_size >= e.block_n);
+}
+
+// The generic kernel of an unmodelled dtype pair (find_modelled serves the modelled ones): the rows
+// body with the largest block that takes the problem, else role 1. Small problems (work = batch x
+// tokens a sequence x 16-row groups under kRowsBodyMinWork, codegen/spec.py ROWS_BODY_MIN_WORK) keep
+// the 16-row kernel: faster there.
 const KernelEntry* find_generic(int32_t q_dtype, int32_t kv_dtype, int32_t rows, int32_t page_size, int64_t work) {
   const KernelEntry* rows_body = nullptr;
   const KernelEntry* found = nullptr;
   for (size_t i = 0; i < num_entries(); ++i) {
     const KernelEntry& e = kKernelTable[i];
     if (e.q_dtype != q_dtype || e.kv_dtype != kv_dtype || std::strcmp(e.arch, MLAGEN_BUILD_ARCH)) continue;
-    if (e.role == 3 && rows % e.block_m == 0 && (page_size == 0 || page_size >= e.block_n) && work >= kRowsBodyMinWork &&
-        (!rows_body || e.block_m > rows_body->block_m))
+    if (rows_body_takes(e, rows, page_size) && work >= kRowsBodyMinWork && (!rows_body || e.block_m > rows_body->block_m))
       rows_body = &e;
     if (e.role == 1 && !found) found = &e;
   }
@@ -228,42 +232,51 @@ int64_t seq_tokens(const mlagen_problem* p) {
   return avg;
 }
 
-// Splits for a kernel that takes them at run time; e.target_blocks is the generated
-// resident-block count of its tiling (codegen/spec.py KernelSpec.target_blocks). A modelled kernel
-// (e.tile_us > 0) takes modelled_splits; else the rule is the generator's (catalog.heuristic_splits),
-// from the registry's kSplitRules for this build's arch:
-// with a partial cost, the least of waves x 64-token tiles a split + splits x query rows x cost over
-// 1, 2, 4 .. kSplitMax (at least kSplitMinTokens a split); without, round half up (at least 256
-// tokens a split, 64 splits at most); the tokens a sequence are seq_tokens().
-// The modelled time (us) of the generic kernel e at s splits, avg tokens a sequence (codegen/spec.py
-// GENERIC_COSTS; e.tile_us > 0): waves x (a block's fixed cost + tiles a split x a tile's) + a split's
-// fixed cost and its partials.
-double modelled_us(const mlagen_problem* p, const KernelEntry& e, int64_t avg, int s) {
-  const int64_t blocks = static_cast<int64_t>(p->batch) * row_groups(p->num_heads, p->q_len) / (e.block_m / 16);
-  const int64_t waves = (blocks * s + e.target_blocks - 1) / e.target_blocks;
-  const int64_t tiles = (avg + static_cast<int64_t>(s) * kSplitMinTokens - 1) / (static_cast<int64_t>(s) * kSplitMinTokens);
-  const double rows = static_cast<double>(p->batch) * p->num_heads * p->q_len;
-  return static_cast<double>(waves) * (e.block_us + static_cast<double>(tiles) * e.tile_us) +
-         (s > 1 ? e.split_us + s * rows * e.split_row_us : 0.0);
+// A generic kernel's blocks for one split of every sequence (a sequence's row groups are blocks too:
+// 128 heads are 8 blocks of 16 rows, or 2 of the 64-row body, a split).
+int64_t split_blocks(const mlagen_problem* p, const KernelEntry& e) {
+  return static_cast<int64_t>(p->batch) * row_groups(p->num_heads, p->q_len) / (e.block_m / 16);
 }
 
-// e's split count of least modelled time over 1, 2, 4 .. kSplitMax (at least kSplitMinTokens a split),
-// or the problem's own; *us its modelled time.
-int modelled_splits(const mlagen_problem* p, const KernelEntry& e, double* us) {
-  const int64_t avg = seq_tokens(p);
+// Its walk at s splits of avg tokens a sequence: waves of its resident blocks (e.target_blocks,
+// codegen/spec.py KernelSpec.target_blocks) and 64-token tiles a split.
+struct SplitWalk {
+  int64_t waves, tiles;
+};
+SplitWalk split_walk(const mlagen_problem* p, const KernelEntry& e, int64_t avg, int s) {
+  const int64_t per_split = static_cast<int64_t>(s) * kSplitMinTokens;
+  return {(split_blocks(p, e) * s + e.target_blocks - 1) / e.target_blocks, (avg + per_split - 1) / per_split};
+}
+
+// The split count of least cost(s) over 1, 2, 4 .. kSplitMax with at least kSplitMinTokens a split
+// (the first of equal costs), or the problem's own; *least its cost.
+template <class Cost>
+int least_splits(const mlagen_problem* p, int64_t avg, Cost cost, double* least) {
   int best = p->splits > 0 ? p->splits : 1;
-  double best_us = modelled_us(p, e, avg, best);
+  double best_cost = cost(best);
   for (int s = 2; p->splits <= 0 && s <= kSplitMax && avg / s >= kSplitMinTokens; s *= 2) {
-    const double t = modelled_us(p, e, avg, s);
-    if (t < best_us - 1e-9) best = s, best_us = t;
+    const double c = cost(s);
+    if (c < best_cost - 1e-9) best = s, best_cost = c;
   }
-  if (us) *us = best_us;
+  if (least) *least = best_cost;
   return best;
 }
 
+// The modelled split count of the generic kernel e (codegen/spec.py GENERIC_COSTS; e.tile_us > 0):
+// waves x (a block's fixed cost + tiles a split x a tile's) + a split's fixed cost and its partials,
+// in us; *us the least.
+int modelled_splits(const mlagen_problem* p, const KernelEntry& e, double* us) {
+  const int64_t avg = seq_tokens(p);
+  const double rows = static_cast<double>(p->batch) * p->num_heads * p->q_len;
+  return least_splits(p, avg, [&](int s) {
+    const SplitWalk w = split_walk(p, e, avg, s);
+    return static_cast<double>(w.waves) * (e.block_us + static_cast<double>(w.tiles) * e.tile_us) +
+           (s > 1 ? e.split_us + s * rows * e.split_row_us : 0.0);
+  }, us);
+}
+
 // Where the dtypes' generic kernels are modelled: the one of least modelled time that takes the
-// problem (the 16-row kernel; a rows body where heads x q_len fills its blocks and its KV tiles are
-// rows back to back, as find_generic), with its splits; else nullptr.
+// problem (the 16-row kernel, or a rows body that rows_body_takes), with its splits; else nullptr.
 const KernelEntry* find_modelled(const mlagen_problem* p, int* splits) {
   const int32_t rows = p->num_heads * p->q_len;
   const KernelEntry* best = nullptr;
@@ -272,8 +285,7 @@ const KernelEntry* find_modelled(const mlagen_problem* p, int* splits) {
     const KernelEntry& e = kKernelTable[i];
     if (e.tile_us <= 0.0 || e.q_dtype != p->q_dtype || e.kv_dtype != p->kv_dtype || std::strcmp(e.arch, MLAGEN_BUILD_ARCH))
       continue;
-    if (e.role != 1 && !(e.role == 3 && rows % e.block_m == 0 && (p->page_size == 0 || p->page_size >= e.block_n)))
-      continue;
+    if (e.role != 1 && !rows_body_takes(e, rows, p->page_size)) continue;
     double us = 0.0;
     const int s = modelled_splits(p, e, &us);
     if (!best || us < best_us - 1e-9) best = &e, best_us = us, *splits = s;
@@ -281,30 +293,27 @@ const KernelEntry* find_modelled(const mlagen_problem* p, int* splits) {
   return best;
 }
 
+// Splits for a kernel that takes them at run time: a modelled one's (modelled_splits); else the
+// generator's rule (catalog.heuristic_splits), from the registry's kSplitRules for this build's arch:
+// with a partial cost, the least of waves x 64-token tiles a split + splits x query rows x cost;
+// without, round half up (at least 256 tokens a split, 64 splits at most).
 int generic_splits(const mlagen_problem* p, const KernelEntry& e) {
   if (p->splits > 0) return p->splits;
   if (e.tile_us > 0.0) return modelled_splits(p, e, nullptr);
   const int64_t avg = seq_tokens(p);
-  // (a sequence's row groups are blocks too: 128 heads are 8 blocks of 16 rows a split)
-  const int64_t blocks = static_cast<int64_t>(p->batch) * row_groups(p->num_heads, p->q_len) / (e.block_m / 16);
   double cost = 0.0;
   for (const SplitRule& r : kSplitRules)
     if (!std::strcmp(r.arch, MLAGEN_BUILD_ARCH)) cost = r.partial_cost;
   if (cost <= 0.0) {
-    int s = static_cast<int>(static_cast<double>(e.target_blocks) / blocks + 0.5);
+    int s = static_cast<int>(static_cast<double>(e.target_blocks) / split_blocks(p, e) + 0.5);
     s = std::max(1, std::min<int>(s, static_cast<int>(std::max<int64_t>(1, avg / 256))));
     return std::min(s, 64);
   }
   const double rows = static_cast<double>(p->batch) * p->num_heads * p->q_len;
-  int best = 1;
-  double best_cost = 0.0;
-  for (int s = 1; s <= kSplitMax && (s == 1 || avg / s >= kSplitMinTokens); s *= 2) {
-    const int64_t waves = (blocks * s + e.target_blocks - 1) / e.target_blocks;
-    const int64_t tiles = (avg + static_cast<int64_t>(s) * kSplitMinTokens - 1) / (static_cast<int64_t>(s) * kSplitMinTokens);
-    const double c = static_cast<double>(waves * tiles) + (s > 1 ? s * rows * cost : 0.0);
-    if (s == 1 || c < best_cost - 1e-9) best = s, best_cost = c;
-  }
-  return best;
+  return least_splits(p, avg, [&](int s) {
+    const SplitWalk w = split_walk(p, e, avg, s);
+    return static_cast<double>(w.waves * w.tiles) + (s > 1 ? s * rows * cost : 0.0);
+  }, nullptr);
 }
 
 // Exact key, else the generic kernel of the dtypes; never a kernel of another key.
