@@ -17,7 +17,7 @@ mlagen.decode and the leaderboard entry at most 1.2x, torch.ops.mlagen.decode at
   paged_decode           mlagen.decode on a paged cache (pages of --page-size, a shuffled block table)
   plan_run               Plan.run with a preallocated output (the ctypes layer under decode)
   *_in_launch            decode, the leaderboard entry and torch.ops under mlagen.set_split_merge("in_launch"):
-                         one launch a call (the split blocks merge in the decode's launch), not two
+                         one launch a call (merger blocks in the decode's launch), not two
 
     python bench/host.py [--shape 4x1024] [--calls 200] [--reps 50] [--page-size 64] [--json [FILE]]
 

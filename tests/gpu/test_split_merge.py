@@ -1,8 +1,9 @@
 """The split merge on the GPU: inside the decode launch, or by the combine kernel after it.
 
 With mlagen.set_split_merge("in_launch"), a split decode on the 16-row sm90a bodies merges its
-partials in its own launch when the whole grid is resident at once (a cooperative launch: the
-split blocks of a row group wait for each other, then each merges a slice of it); a larger grid
+partials in its own launch when the whole grid, a merger block beside each split block, is resident
+at once (a cooperative launch: a row group's mergers wait for its splits, then each merges a slice
+of it); a larger grid
 leaves them to the `_combine` kernel, as the default mode ("combine") does every split decode.
 Which one ran is read from the profiler's kernel list, and both are judged per (token, head) row,
 output and LSE, against float64 on the values the kernel reads: every head count the 16-row
@@ -111,8 +112,8 @@ def check_rows(inp, out, lse, seed):
     assert lerr <= LSE_TOL[inp["fmt"]], f"seed {seed}: LSE off by {lerr:.2e}"
 
 
-# (lens, heads, q_len, splits, in launch): grids of <= 100 blocks are resident on an H200 for
-# every 16-row body; 400 sequences x 4 splits (1,600 blocks) are not.
+# (lens, heads, q_len, splits, in launch): split grids of <= 66 blocks (132 with their mergers) are
+# resident on an H200 for every 16-row body; 400 sequences x 4 splits (1,600 blocks) are not.
 CASES = {
     "b2_kv3000_s17_h16": ([3000, 3000], 16, 1, 17, True),
     "b1_kv8192_s64_h16": ([8192], 16, 1, 64, True),

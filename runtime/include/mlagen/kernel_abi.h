@@ -65,8 +65,9 @@ struct Params {
   int32_t row_groups;       // blocks of 16 query rows a sequence: ceil(q_len * num_heads / 16)
   int64_t total_q, total_kv;
   float sm_scale;
-  int32_t merge_in_launch;  // 1: the grid was launched cooperatively and its split blocks merge their partials
-                            //   (LaunchInfo merge_in_launch; split_counters), no combine kernel follows
+  int32_t merge_in_launch;  // 1: the grid was launched cooperatively with a merger block for each split
+                            //   block, in rows after theirs (grid y doubled), which merge the partials (LaunchInfo
+                            //   merge_in_launch; split_counters); no combine kernel follows
 };
 
 // The sm90a rows body's second kernel argument: the KV rows as two 2D tensor maps of bytes
@@ -102,7 +103,7 @@ struct LaunchInfo {
   int32_t maps_bytes;       // sizeof(KvMapsAbi) likewise (0: no maps argument)
   int32_t combine_threads;  // <name>_combine's largest block (one block a query row: kCombineThreads)
   int32_t amax_threads;     // <name>_amax's block
-  int32_t merge_in_launch;  // 1: the decode merges its splits itself when launched cooperatively
+  int32_t merge_in_launch;  // 1: the decode merges its splits in its launch (merger blocks) when launched cooperatively
                             //   (Params::merge_in_launch); its <name>_combine runs otherwise
 };
 constexpr uint32_t kLaunchInfoMagic = 0x4c414c4du;  // "MLAL"

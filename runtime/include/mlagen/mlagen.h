@@ -213,10 +213,11 @@ MLAGEN_API const char* mlagen_gpu_runtime(void);
 /* How a split decode's partials are merged, process-wide (read at each launch):
    MLAGEN_MERGE_COMBINE (the default): a combine kernel after the decode, launched as its dependent
      grid (it starts during the decode's tail): the least device time.
-   MLAGEN_MERGE_IN_LAUNCH: where the kernel can (the sm90a 16-row bodies) and its whole grid is
-     resident at once, the decode is launched cooperatively and its split blocks merge their partials
-     themselves: one launch a call instead of two, so less host time a call (about one launch's), and
-     on the H200 1-2 us more device time on split shapes (docs/perf.md). The combine kernel elsewhere.
+   MLAGEN_MERGE_IN_LAUNCH: where the kernel can (the sm90a 16-row bodies) and its whole grid, with
+     as many merger blocks as split blocks, is resident at once, the decode is launched cooperatively
+     and its merger blocks merge each row group's partials once its splits have arrived: one launch a
+     call instead of two, so less host time a call (about one launch's; docs/perf.md has the device
+     time). The combine kernel elsewhere.
    mlagen_set_split_merge refuses any other value (MLAGEN_ERR_INVALID, naming it). */
 typedef enum { MLAGEN_MERGE_COMBINE = 0, MLAGEN_MERGE_IN_LAUNCH = 1 } mlagen_split_merge;
 MLAGEN_API mlagen_status mlagen_set_split_merge(int32_t mode);

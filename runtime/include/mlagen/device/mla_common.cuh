@@ -91,7 +91,7 @@ struct RowsBody<T, decltype(void(T::kRowsBody))> {
 };
 
 // Whether a tiling's decode can merge its splits inside its own launch when the host launches it
-// cooperatively (NVIDIA, the 16-row body: mla_decode_sm90.cuh merge_in_launch); else its combine runs.
+// cooperatively (NVIDIA, the 16-row body: mla_decode_sm90.cuh merge_block); else its combine runs.
 template <class T>
 struct MergesInLaunch {
 #if defined(MLAGEN_NVIDIA)

@@ -48,41 +48,57 @@ struct Tiling {
 };
 
 // The split merge inside the decode launch (Params::merge_in_launch; LaunchInfo merge_in_launch).
-// The host sets it only for a grid it launches cooperatively, so every block is resident at once
-// and a block may wait for its siblings: the S splits of a (sequence, row group) each arrive on
-// the group's counter once their partials are written, wait for the S arrivals, merge a 1/S slice
-// of the group's 16 rows x 512 dims (every split's partial of those dims, as the combine kernel
-// does a row), and depart. The count reaches 2S only after every block has seen S, and that last
-// departure sets it back to 0 for the next launch on the workspace (one stream at a time).
+// The host sets it only for a grid it launches cooperatively, every block resident at once, with
+// twice the decode's rows of blocks: blocks y < batch decode (block_coord), and each block of the
+// rows after them is a merger, (slice, row group) of sequence y - batch, that waits for its row
+// group's splits and merges a 1/S slice of the group's 16 rows x 512 dims (every split's partial
+// of those dims, as the combine kernel does a row). The mergers come after every decode block in
+// the grid's order, so the block scheduler places the decode blocks first. A decode block arrives
+// on its group's counter once its partials are written and is done: no split waits for a sibling
+// (a design where the split blocks merged themselves waited for the slowest split). The
+// count reaches 2S only after every merger of the group has seen S, and that last departure sets
+// it back to 0 for the next launch on the workspace (one stream at a time).
 // The slice's partials (S x 2048 / S float4, whatever S: 32 KB) and the row group's S x 16 (m, l)
-// are staged in the block's shared memory, free once the body is done, by cp.async in one go:
-// one L2 round trip, not one a split group and piece (a loop of loads merged as they come was
-// latency-bound: 4 us more than the decode at S = 2 and 32 alike).
-// Ordering (as a cooperative grid barrier does it): the block's partial writes, the barrier, thread
-// 0's fence (release, cumulative) and arrival; its acquire load of the count, the barrier, the
-// block's copies (.cg: past L1). Inlined: a call took Params by value onto a 288-byte stack, whose
-// every field the merge then read back through L1 (3-5 us more at the end of the kernel); ptxas
-// keeps the bodies' loops without spills either way (tools/check_sm90.py).
+// are staged in the merger's shared memory by cp.async in one go: one L2 round trip, not one a
+// split group and piece (a loop of loads merged as they came was latency-bound).
+// Ordering (as a cooperative grid barrier does it): the decode block's partial writes, the
+// barrier, thread 0's release arrival (cumulative); the merger's relaxed polls of the count, its
+// acquire fence, the barrier, its copies (.cg: past L1). Inlined: a call took Params by value onto a
+// 288-byte stack, whose every field the merge then read back through L1 (3-5 us more).
 constexpr int kMergeCols = kVDim / 4;                   // float4 pieces a row
 constexpr int kMergePieces = kGroupRows * kMergeCols;   // a row group's
 constexpr int kMergeSmemBytes = (kMergePieces + MLAGEN_MAX_SPLITS) * 16 + MLAGEN_MAX_SPLITS * kGroupRows * 8;
-template <class T, class Shape>
-MLAGEN_DEVICE void merge_in_launch(const Params& p) {
-  static_assert(T::kSmemBytes >= kMergeSmemBytes + 128, "the in-launch merge stages a slice in the body's shared memory");
-  extern __shared__ __align__(128) uint8_t smem[];
+
+// The counter of block (b, group)'s splits in the workspace.
+template <class Shape>
+MLAGEN_DEVICE uint32_t* merge_counter(const Params& p, int b, int group) {
+  return p.split_counters + static_cast<int64_t>(b) * Shape::row_groups(p) + group;
+}
+
+// A decode block's arrival: its partials are written (every thread's, ordered by the barrier).
+template <class Shape>
+MLAGEN_DEVICE void split_arrive(const Params& p) {
   const BlockCoord bc = block_coord<Shape>(p);
-  const int splits = Shape::splits(p);
-  uint32_t* const counter = p.split_counters + static_cast<int64_t>(bc.b) * Shape::row_groups(p) + bc.group;
-  __syncthreads();  // every thread's partial writes issued (and the body done with shared memory)
+  __syncthreads();  // every thread's partial writes issued
+  if (threadIdx.x == 0) red_release_gpu_add(merge_counter<Shape>(p, bc.b, bc.group), 1u);
+}
+
+// A merger block: y - batch is its sequence, x = slice x row groups + group (block_coord's order).
+template <class T, class Shape>
+MLAGEN_DEVICE void merge_block(const Params& p, uint8_t* smem) {
+  static_assert(T::kSmemBytes >= kMergeSmemBytes + 128, "the in-launch merge stages a slice in the body's shared memory");
+  const int splits = Shape::splits(p), groups = Shape::row_groups(p);
+  const int m = static_cast<int>(blockIdx.x);
+  const BlockCoord bc{static_cast<int>(blockIdx.y - gridDim.y / 2), m / groups, m % groups};  // .split: the slice
+  uint32_t* const counter = merge_counter<Shape>(p, bc.b, bc.group);
   if (threadIdx.x == 0) {
-    __threadfence();  // release at the GPU scope, cumulative over the block's writes the barrier ordered
-    atomicAdd(counter, 1u);
-    while (load_acquire_gpu(counter) < static_cast<uint32_t>(splits)) __nanosleep(32);
+    while (load_relaxed_gpu(counter) < static_cast<uint32_t>(splits)) continue;  // one thread a merger polls
+    fence_acq_rel_gpu();  // acquire: the splits' partials, released before their arrivals
   }
   __syncthreads();
   const QueryTokens qt = Shape::query(p, bc.b);
   const QueryRows qr = query_rows<Shape>(p, BlockCoord{bc.b, 0, bc.group}, qt.row, qt.n, 0);  // split 0's rows
-  const int64_t stride = static_cast<int64_t>(Shape::row_groups(p)) * kGroupRows;           // part rows a split
+  const int64_t stride = static_cast<int64_t>(groups) * kGroupRows;                          // part rows a split
   const int begin = bc.split * kMergePieces / splits, n = (bc.split + 1) * kMergePieces / splits - begin;
   float4* const o_s = reinterpret_cast<float4*>(smem);                      // [split][n] this slice's pieces
   float2* const ml_s = reinterpret_cast<float2*>(smem + (kMergePieces + MLAGEN_MAX_SPLITS) * 16);  // [split][16 rows]
@@ -98,6 +114,7 @@ MLAGEN_DEVICE void merge_in_launch(const Params& p) {
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
+  if (threadIdx.x == 0 && atomicAdd(counter, 1u) == 2u * splits - 1u) atomicExch(counter, 0u);  // staged: depart
   const float o_scale = merge_o_scale<T>(p);
   for (int k = threadIdx.x; k < n; k += T::kThreads) {
     const int j = (begin + k) / kMergeCols, dim = 4 * ((begin + k) % kMergeCols);
@@ -116,20 +133,23 @@ MLAGEN_DEVICE void merge_in_launch(const Params& p) {
     const float a4[4] = {acc.x, acc.y, acc.z, acc.w};
     store_merged(p, mg, o_scale, qr.token(j), qr.head(j), dim, a4, dim == 0);
   }
-  __syncthreads();  // every thread's copies landed before the departure
-  if (threadIdx.x == 0 && atomicAdd(counter, 1u) == 2u * splits - 1u) atomicExch(counter, 0u);
 }
 
 // A decode block (entry.cuh: a code object's `<name>` entry, __launch_bounds__(kThreads,
-// kMinBlocksPerSm)). Split, it leaves its partials to the combine kernel or merges them with its
-// siblings here (merge_in_launch).
+// kMinBlocksPerSm)). Split, it leaves its partials to the combine kernel or to its row group's
+// mergers in the same launch (merge_block).
 template <class T, class Shape>
 MLAGEN_DEVICE void mla_decode_block(const Params& p) {
   extern __shared__ __align__(128) uint8_t smem[];
   static_assert(!RowsBody<T>::value, "the rows body is mla_decode_rows_block (it takes the KV tensor maps too)");
   static_assert(T::kBody == Body::kSm90Wgmma, "the 16-row NVIDIA body");
+  const bool in_launch = Shape::splits(p) > 1 && p.merge_in_launch;
+  if (in_launch && blockIdx.y >= gridDim.y / 2) {
+    merge_block<T, Shape>(p, smem);
+    return;
+  }
   decode_wgmma<T, Shape>(p, smem);
-  if (Shape::splits(p) > 1 && p.merge_in_launch) merge_in_launch<T, Shape>(p);
+  if (in_launch) split_arrive<Shape>(p);
 }
 
 // The rows body's block: the KV tensor maps stay in parameter space (the entry's

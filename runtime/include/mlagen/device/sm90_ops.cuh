@@ -90,12 +90,18 @@ MLAGEN_DEVICE float fast_exp2(float x) {
 MLAGEN_DEVICE void allow_dependent_launch() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 MLAGEN_DEVICE void wait_for_prior_grid() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 
-// A word other blocks of the grid update (the in-launch split merge's counters): read at the
-// GPU scope with acquire semantics, so this thread's later reads see what was released before it.
-MLAGEN_DEVICE uint32_t load_acquire_gpu(const uint32_t* at) {
+// A word other blocks of the grid update (the in-launch split merge's counters). A waiter polls
+// it relaxed and fences once it has seen the count: acquire, so its later reads see what was
+// released before the arrivals it saw. An arrival is one release reduction (cumulative over the
+// writes a block barrier ordered before it).
+MLAGEN_DEVICE uint32_t load_relaxed_gpu(const uint32_t* at) {
   uint32_t v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(at) : "memory");
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(at) : "memory");
   return v;
+}
+MLAGEN_DEVICE void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
+MLAGEN_DEVICE void red_release_gpu_add(uint32_t* at, uint32_t v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(at), "r"(v) : "memory");
 }
 
 
