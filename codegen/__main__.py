@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import catalog, generate
+from . import catalog, facts, generate
 from .spec import SpecError
 
 
@@ -17,7 +17,7 @@ def main(argv=None) -> int:
                     help="comma-separated archs (default all; narrowing generate/check drops the other archs' files)")
     ap.add_argument("--filter", default="", help="keep only kernels whose name contains this")
     ap.add_argument("--bundle", default="", metavar="KV_FORMAT",
-                    help="only what a leaderboard bundle of this kv format (fp8 | bf16 | mxfp4) dispatches to, "
+                    help="only what a leaderboard bundle of this kv format (" + " | ".join(facts.KV_BINDINGS) + ") dispatches to, "
                          "for the one --arch: its eight shape kernels and its generic kernel (bf16 q)")
     ap.add_argument("--out", default=generate.GENERATED, help="output folder (default generated/)")
     ap.add_argument("--check", action="store_true", help="with generate: fail if the output is stale")

@@ -10,7 +10,7 @@ import os
 import re
 from typing import Iterable
 
-from .spec import (ANY, ARCHS, GENERIC_COSTS, IMPLEMENTED, NATIVE_FP8_TARGET_BLOCKS, ROWS_A_BLOCK,
+from .spec import (ANY, ARCHS, GENERIC_COSTS, IMPLEMENTED, KV_FORMATS, NATIVE_FP8_TARGET_BLOCKS, ROWS_A_BLOCK,
                    ROWS_BODY_TARGET_BLOCKS, SPLIT_MAX,
                    SPLIT_MIN_TOKENS, SPLIT_PARTIAL_COST, KernelSpec,
                    SpecError, default_tiles, row_groups, rows_body_tiles, ROWS_BODY_BLOCK_MS)
@@ -261,7 +261,7 @@ def build_catalog(shapes: Iterable[tuple[int, int]] | None = None,
 def kv_dtype_of(arch: str, kv_format: str) -> str:
     if arch not in ARCHS:
         raise SpecError(f"arch {arch!r}: expected one of {sorted(ARCHS)}")
-    table = {"fp8": ARCHS[arch][2], "bf16": "bf16", "mxfp4": "mxfp4"}
+    table = {f.binding: name for name, f in KV_FORMATS.items() if arch in f.archs}
     if kv_format not in table:
         raise SpecError(f"kv format {kv_format!r}: expected one of {sorted(table)}")
     return table[kv_format]

@@ -15,7 +15,8 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
-from .facts import MAX_Q_LEN, MAX_SPLITS, NUM_HEADS, PAGE_SIZES, QK_DIM, V_DIM  # noqa: F401 (re-exported)
+from .facts import KV_FORMATS, MAX_Q_LEN, MAX_SPLITS, NUM_HEADS, PAGE_SIZES, QK_DIM, V_DIM  # noqa: F401 (re-exported)
+from .facts import KvFormatFacts  # noqa: F401 (re-exported)
 
 PREFIX = "mla_decode"
 
@@ -28,9 +29,9 @@ ARCHS = {
 # sm90a's 16-row kernels are the warpgroup (wgmma) body (runtime/include/mlagen/device/
 # mla_decode_sm90_wgmma.cuh, every KV format a policy of it), which walks KV in tiles of 64 tokens.
 WARPGROUP_BLOCK_N = 64
-# KV dtype -> (the most stages, the most that leave two blocks an SM) of its warpgroup kernel:
-# fp8 / mxfp4 stages are 37 / 21 KB (two blocks an SM with 2), a bf16 one 72 KB (one, 2 at most)
-WARPGROUP_KV = {"fp8e4m3fn": (5, 2), "mxfp4": (5, 2), "bf16": (2, 0)}
+# KV dtype -> (the most stages, the most that leave two blocks an SM) of its warpgroup kernel
+# (facts.py KV_FORMATS warpgroup_stages)
+WARPGROUP_KV = {name: f.warpgroup_stages for name, f in KV_FORMATS.items() if "sm90a" in f.archs}
 # Tiles an arch's kernels use when neither the tuning table nor the caller says otherwise (every KV
 # format alike): sm90a the warpgroup body's 64 tokens and 2 stages (two fp8 / mxfp4 blocks an SM, the
 # most a bf16 one takes); AMD tiles of 32, register-staged double buffering.
@@ -87,36 +88,14 @@ GENERIC_COSTS = {
         ("fp8", 64): (14.6, 1.59), ("bf16", 64): (15.9, 1.93)}),
 }
 Q_DTYPES = ("bf16", "fp8")
-# The KV formats, one row each: what the generator, the runtime's registry and the tools need of a
-# format (docs/design-policies.md, "Adding a KV format"). row_bytes: a KV row's bytes; stride_unit:
-# the unit of kv_stride_token in bytes; scale: 0 none, 1 one float32, 2 E8M0 rows (what the runtime
-# checks a problem's KV against: registry rows carry them); device: the device code's enum
-# (runtime/include/mlagen/device/formats.cuh KvFormat; the fp8 flavours share one); bf16_operand:
-# the MMAs take bf16 operands (as stored, or expanded from the format) rather than fp8 / f16 ones.
-@dataclass(frozen=True)
-class KvFormatFacts:
-    row_bytes: int
-    stride_unit: int
-    scale: int
-    device: str
-    bf16_operand: bool
-
-
-KV_FORMATS = {
-    "bf16": KvFormatFacts(1152, 2, 0, "KvFormat::kBf16", True),
-    "fp8e4m3fn": KvFormatFacts(576, 1, 1, "KvFormat::kFp8", False),
-    "fp8e4m3fnuz": KvFormatFacts(576, 1, 1, "KvFormat::kFp8", False),
-    "mxfp4": KvFormatFacts(288, 1, 2, "KvFormat::kMxfp4", True),
-}
+# The KV formats: codegen/facts.py KV_FORMATS, one row each (row bytes, stride unit, scale kind, the
+# device enum, bf16 operands, the archs that implement it, the warpgroup body's stages).
 KV_DTYPES = tuple(KV_FORMATS)
 
 # What the device code implements, per arch. The spec grammar is wider on purpose: formats
 # slot in by widening these sets, not by changing names. fp8 means the arch's flavour.
-IMPLEMENTED = {
-    "sm90a": {"q_dtype": ("bf16", "fp8"), "kv_dtype": ("bf16", "fp8e4m3fn", "mxfp4")},
-    "gfx950": {"q_dtype": ("bf16", "fp8"), "kv_dtype": ("bf16", "fp8e4m3fn", "mxfp4")},
-    "gfx942": {"q_dtype": ("bf16", "fp8"), "kv_dtype": ("bf16", "fp8e4m3fnuz", "mxfp4")},
-}
+IMPLEMENTED = {arch: {"q_dtype": ("bf16", "fp8"), "kv_dtype": tuple(n for n, f in KV_FORMATS.items() if arch in f.archs)}
+               for arch in ARCHS}
 
 ANY = 0  # batch / kv_len / splits of the generic kernel: sizes come at run time
 

@@ -51,6 +51,7 @@ GENERATED = os.path.join(REPO, "generated")
 if REPO not in sys.path:
     sys.path.insert(0, REPO)  # codegen (the kv format names)
 from codegen.catalog import kv_dtype_of  # noqa: E402
+from codegen.facts import KV_BINDINGS  # noqa: E402
 BINDING_DIR = os.path.join(REPO, "runtime", "python", "mlagen")
 PACKAGE = "mlagen"
 B64_LINE = 100
@@ -161,7 +162,7 @@ def read_binding(binding_dir: str = BINDING_DIR, package: str = PACKAGE) -> dict
             rel = os.path.relpath(os.path.join(root, fn), binding_dir).replace(os.sep, "/")
             with open(os.path.join(root, fn), encoding="utf-8") as f:
                 sources[f"{package}/{rel}"] = f.read()
-    for must in ("__init__.py", "_lib.py", "_launch.py"):
+    for must in ("__init__.py", "_lib.py", "_launch.py", "quant.py"):
         if f"{package}/{must}" not in sources:
             raise SystemExit(f"bundle: {binding_dir} has no {must}: not the mlagen binding")
     sources[f"{package}/_launch.py"] = LAUNCH_SOURCE
@@ -313,7 +314,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="the file to write")
     ap.add_argument("--gen-dir", default=GENERATED,
                     help="the generated folder the library was built from (its manifest: fingerprint, kernels)")
-    ap.add_argument("--kv-format", default="fp8", choices=("fastest", "fp8", "mxfp4", "bf16"),
+    ap.add_argument("--kv-format", default="fp8", choices=("fastest",) + KV_BINDINGS,
                     help="which kv_data entry custom_kernel passes to mlagen.decode (default fp8; fastest: the "
                          "first of mlagen.FASTEST_ORDER for the arch, resolved now)")
     ap.add_argument("--compression", default=None, choices=("lzma", "zlib"),

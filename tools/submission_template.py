@@ -98,8 +98,7 @@ def _import_package(root, lib):
     try:
         import mlagen
         import mlagen._lib
-        if _KV_FORMAT == "mxfp4":
-            import mlagen.quant  # the self-check's dequantization (the folder is gone after the import)
+        import mlagen.quant  # the self-check's dequantization (the folder is gone after the import)
     finally:
         _sys.path.remove(root)
     return mlagen
@@ -212,13 +211,7 @@ def _attention_f32(q, rows, config, qo, kvp, sequences):
 
 def _kv_rows_f32(kv_data, fmt, end):
     # the first `end` KV rows of a format, dequantized to float32 (total rows, 576)
-    if fmt == "fp8":
-        kv, scale = kv_data["fp8"]
-        return kv[:end].reshape(end, -1).float() * scale.float()
-    if fmt == "bf16":
-        return kv_data["bf16"][:end].reshape(end, -1).float()
-    data, scales = kv_data["mxfp4"]
-    return mlagen.quant.dequantize_mxfp4(data[:end], scales[:end]).reshape(end, -1)
+    return mlagen.quant.dequantize(fmt, kv_data[fmt], end)
 
 
 def _torch_decode(data):

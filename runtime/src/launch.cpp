@@ -11,6 +11,7 @@
 #include "launch.h"
 
 #include "code_objects.inc"  // built: kCodeObjects (tools/embed.py)
+#include "facts.inc"         // generated: the KV formats' table (codegen/facts.py)
 
 namespace mlagen {
 
@@ -44,10 +45,10 @@ Params make_params(const mlagen_problem* pr, int32_t splits) {
   p.q_amax = quantize_q ? reinterpret_cast<float*>(base + device::kQAmaxOffset) : nullptr;
   p.q_amax_parts = quantize_q ? static_cast<int32_t>(pr->total_q < device::kQAmaxParts ? pr->total_q : device::kQAmaxParts) : 0;
   p.kv = static_cast<const uint8_t*>(pr->kv);
-  p.kv_stride_bytes = pr->kv_stride_token * (pr->kv_dtype == MLAGEN_DTYPE_BF16 ? 2 : 1);
-  const bool fp8_kv = pr->kv_dtype == MLAGEN_DTYPE_FP8E4M3FN || pr->kv_dtype == MLAGEN_DTYPE_FP8E4M3FNUZ;
-  p.kv_scale = fp8_kv ? static_cast<const float*>(pr->kv_scale) : nullptr;
-  p.kv_scales = pr->kv_dtype == MLAGEN_DTYPE_MXFP4 ? static_cast<const uint8_t*>(pr->kv_scale) : nullptr;
+  const MlagenKvFormat& kv = *mlagen_kv_format(pr->kv_dtype);  // validated: a known format
+  p.kv_stride_bytes = pr->kv_stride_token * kv.stride_unit;
+  p.kv_scale = kv.scale == 1 ? static_cast<const float*>(pr->kv_scale) : nullptr;
+  p.kv_scales = kv.scale == 2 ? static_cast<const uint8_t*>(pr->kv_scale) : nullptr;
   p.kv_scales_stride = pr->kv_scale_stride;
   p.qo_indptr = pr->qo_indptr;
   p.kv_indptr = pr->kv_indptr;
@@ -133,7 +134,7 @@ mlagen_status launch_kernel(const CodeObject& obj, const mlagen_problem* pr, int
   device::KvMapsAbi maps;
   void* args[2] = {&p, &maps};
   if (info.rows_body) {
-    st = kv_maps(p, pr->kv_dtype == MLAGEN_DTYPE_BF16 ? device::KvMapsAbi::kRowBytesBf16 : 576, &maps);
+    st = kv_maps(p, mlagen_kv_format(pr->kv_dtype)->row_bytes, &maps);
     if (st != MLAGEN_OK) return st;
   }
   const unsigned grid_x = static_cast<unsigned>(splits * p.row_groups / (info.rows_per_block / 16));

@@ -80,8 +80,7 @@ mlagen_status validate(const mlagen_problem* p) {
   MLAGEN_EXPECT(p->q_dtype == MLAGEN_DTYPE_BF16 || p->q_dtype == MLAGEN_DTYPE_FP8,
                 "q_dtype=%d (%s): expected bf16 (%d) or fp8 (%d)", p->q_dtype, dtype_name(p->q_dtype),
                 MLAGEN_DTYPE_BF16, MLAGEN_DTYPE_FP8);
-  MLAGEN_EXPECT(p->kv_dtype >= MLAGEN_DTYPE_BF16 && p->kv_dtype <= MLAGEN_DTYPE_MXFP4,
-                "kv_dtype=%d: expected bf16, fp8e4m3fn, fp8e4m3fnuz or mxfp4", p->kv_dtype);
+  MLAGEN_EXPECT(mlagen_kv_format(p->kv_dtype), "kv_dtype=%d: expected " MLAGEN_KV_NAMES_TEXT, p->kv_dtype);
   MLAGEN_EXPECT(p->q, "q: NULL pointer");
   MLAGEN_EXPECT(p->kv || p->total_kv == 0, "kv: NULL pointer");
   MLAGEN_EXPECT(p->q_from_bf16 == 0 || p->q_from_bf16 == 1, "q_from_bf16=%d: expected 0 or 1", p->q_from_bf16);
@@ -181,17 +180,20 @@ mlagen_status check_kv(const mlagen_problem* p, const KernelEntry& e) {
   MLAGEN_EXPECT(p->kv_stride_token >= row && p->kv_stride_token % unit == 0,
                 "kv_stride_token=%lld: expected a multiple of %lld that is >= %lld (%s: one row per token, dims "
                 "contiguous)", (long long)p->kv_stride_token, (long long)unit, (long long)row, dtype_name(p->kv_dtype));
+  const char* const name = dtype_name(p->kv_dtype);
   if (e.scale_kind == 1) {
-    MLAGEN_EXPECT(p->kv_scale, "kv_scale: NULL pointer (fp8 KV: a device float32)");
+    MLAGEN_EXPECT(p->kv_scale, "kv_scale: NULL pointer (%s KV: a device float32)", name);
     MLAGEN_EXPECT(aligned(p->kv_scale, 4), "kv_scale: address %p not 4-byte aligned (a float32)", p->kv_scale);
   }
-  if (e.scale_kind == 2) {
-    MLAGEN_EXPECT(p->kv_scale, "kv_scale: NULL pointer (mxfp4 KV: the E8M0 scale rows)");
-    MLAGEN_EXPECT(aligned(p->kv_scale, 16), "kv_scale: address %p not 16-byte aligned (mxfp4 scale rows)",
-                  p->kv_scale);
-    MLAGEN_EXPECT(p->kv_scale_stride >= 18 && p->kv_scale_stride <= 32,
-                  "kv_scale_stride=%lld: expected 18..32 bytes between two tokens' mxfp4 scale rows (18 blocks of 32 "
-                  "dims; 24 when padded)", (long long)p->kv_scale_stride);
+  if (e.scale_kind == 2) {  // E8M0 rows: one byte a block of dims, every token
+    const int block = mlagen_kv_format(p->kv_dtype)->scale_block, blocks = MLAGEN_QK_DIM / block;
+    MLAGEN_EXPECT(p->kv_scale, "kv_scale: NULL pointer (%s KV: the E8M0 scale rows)", name);
+    MLAGEN_EXPECT(aligned(p->kv_scale, MLAGEN_SCALE_ROWS_ALIGN), "kv_scale: address %p not %d-byte aligned (%s scale rows)",
+                  p->kv_scale, MLAGEN_SCALE_ROWS_ALIGN, name);
+    MLAGEN_EXPECT(p->kv_scale_stride >= blocks && p->kv_scale_stride <= MLAGEN_SCALE_ROWS_MAX_STRIDE,
+                  "kv_scale_stride=%lld: expected %d..%d bytes between two tokens' %s scale rows (%d blocks of %d "
+                  "dims; more when padded)", (long long)p->kv_scale_stride, blocks, MLAGEN_SCALE_ROWS_MAX_STRIDE, name,
+                  blocks, block);
   }
 #undef MLAGEN_EXPECT
   return MLAGEN_OK;
@@ -418,7 +420,7 @@ struct mlagen_plan_s {
   const mlagen::CodeObject* object;  // the entry's code object
   int splits;
   size_t workspace_bytes;
-  size_t q_align;
+  size_t q_align, kv_scale_align;
 };
 
 namespace mlagen {
@@ -437,6 +439,7 @@ mlagen_status make_plan(const mlagen_problem* p, mlagen_plan_s* plan) {
   plan->splits = splits;
   plan->workspace_bytes = workspace_layout(p, splits).bytes;
   plan->q_align = p->q_from_bf16 ? 16 : (p->q_dtype == MLAGEN_DTYPE_FP8 ? 4 : 8);
+  plan->kv_scale_align = e->scale_kind == 2 ? MLAGEN_SCALE_ROWS_ALIGN : 4;
   return MLAGEN_OK;
 }
 }  // namespace
@@ -527,7 +530,7 @@ mlagen_status mlagen_run(const mlagen_plan_t* plan, const mlagen_args* a, void* 
   const Ptr ptrs[] = {{"q", a->q, p.q, plan->q_align},
                       {"q_scale", a->q_scale, p.q_scale, 4},
                       {"kv", a->kv, p.kv, 16},
-                      {"kv_scale", a->kv_scale, p.kv_scale, p.kv_dtype == MLAGEN_DTYPE_MXFP4 ? 16u : 4u},
+                      {"kv_scale", a->kv_scale, p.kv_scale, plan->kv_scale_align},
                       {"qo_indptr", a->qo_indptr, p.qo_indptr, 4},
                       {"kv_indptr", a->kv_indptr, p.kv_indptr, 4},
                       {"page_table", a->page_table, p.page_table, 4},

@@ -30,6 +30,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <sstream>
@@ -37,7 +38,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "facts.inc"  // generated: MLAGEN_QK_DIM, MLAGEN_V_DIM, MLAGEN_MAX_Q_LEN, MLAGEN_NUM_HEADS_LIST
+#include "facts.inc"  // generated: MLAGEN_QK_DIM, MLAGEN_V_DIM, MLAGEN_MAX_Q_LEN, MLAGEN_NUM_HEADS_LIST, the KV formats
 #include "mlagen/mlagen.h"
 
 #ifndef MLAGEN_TORCH_BUILT_WITH
@@ -172,21 +173,19 @@ bool capturing(void* queue) {
 enum Slot { kQ, kKv, kKvScale, kQo, kKvIndptr, kQScale, kPageTable, kKvLens, kKvIndices, kLastPage, kSlots };
 constexpr const char* kSlotName[kSlots] = {"q",       "kv",         "kv_scale", "qo_indptr",  "kv_indptr",
                                            "q_scale", "page_table", "kv_lens",  "kv_indices", "kv_last_page_len"};
-enum KvFormat : int32_t { kFp8 = 1, kBf16 = 2, kMxfp4 = 3 };
 
 struct Call {
   const at::Tensor* t[kSlots];  // null: not given
-  int32_t kv_format, q_fp8;     // KvFormat; q_dtype "fp8"
+  int32_t kv_format, q_fp8;     // kv_format's index in kMlagenKvBindings (facts.inc); q_dtype "fp8"
   int64_t kv_seq_len, q_len, page_size;
   double sm_scale;
   bool lse;
 };
 
 int32_t kv_format_of(c10::string_view f) {
-  if (f == "fp8") return kFp8;
-  if (f == "bf16") return kBf16;
-  if (f == "mxfp4") return kMxfp4;
-  invalid("kv_format='" + std::string(f.data(), f.size()) + "': expected one of ('fp8', 'bf16', 'mxfp4')");
+  for (size_t i = 0; i < std::size(kMlagenKvBindings); ++i)
+    if (f == kMlagenKvBindings[i]) return static_cast<int32_t>(i);
+  invalid("kv_format='" + std::string(f.data(), f.size()) + "': expected one of " MLAGEN_KV_BINDINGS_TEXT);
 }
 
 int32_t q_fp8_of(c10::string_view q) {
@@ -281,7 +280,7 @@ std::pair<int64_t, int64_t> kv_rows(const at::Tensor& kv, int64_t row, int32_t f
   }
   std::string want = "(total_kv, 1, " + std::to_string(row) + ")";
   if (page_size > 0) want += " or (num_pages, " + std::to_string(page_size) + ", [1,] " + std::to_string(row) + ")";
-  const char* name = format == kFp8 ? "fp8" : format == kBf16 ? "bf16" : "mxfp4";
+  const char* name = kMlagenKvBindings[format];
   invalid("kv: shape " + tup(s) + " strides " + tup(st) + ": expected " + want + " with contiguous dims (" + name + ")");
 }
 
@@ -319,32 +318,36 @@ void make_problem(const Call& c, mlagen_problem* p, bool* indices_form) {
   if (q.dim() != 3 || q.stride(2) != 1)
     invalid("q: shape " + tup(q.sizes()) + " strides " + tup(q.strides()) + ": expected (total_q, num_heads, " +
             std::to_string(MLAGEN_QK_DIM) + ") with contiguous dims");
-  // kv against kv_format
-  const at::ScalarType kt = kv.scalar_type();
-  int32_t kv_dtype = 0;
+  // kv against kv_format: the format of that name whose data dtype kv has (the fp8 flavours share a name)
+  const char* const binding = kMlagenKvBindings[c.kv_format];
+  const std::string kt = dt(kv.scalar_type());
+  const MlagenKvFormat* fmt = nullptr;
+  std::string want;
+  for (const MlagenKvFormat& f : kMlagenKvFormats) {
+    if (std::strcmp(f.binding, binding)) continue;
+    for (const char* t : f.torch_dtypes) {
+      if (!t) break;
+      if (kt == std::string("torch.") + t) fmt = &f;
+      want += (want.empty() ? "torch." : " or torch.") + std::string(t);
+    }
+  }
+  if (!fmt) invalid("kv: dtype " + kt + ": expected " + want + " for kv_format='" + binding + "'");
   auto scale_text = [&] {
     return kv_scale ? "(" + dt(kv_scale->scalar_type()) + ", " + std::to_string(kv_scale->numel()) + ")" : "None";
   };
-  if (c.kv_format == kFp8) {
-    if (!is_fp8(kt))
-      invalid("kv: dtype " + dt(kt) + ": expected torch.float8_e4m3fn (or float8_e4m3fnuz on gfx942) for kv_format='fp8'");
-    if (!kv_scale || kv_scale->scalar_type() != at::kFloat || kv_scale->numel() != 1)
-      invalid("kv_scale: " + scale_text() + ": expected one float32 (the per-tensor fp8 scale)");
-    kv_dtype = kt == at::ScalarType::Float8_e4m3fn ? MLAGEN_DTYPE_FP8E4M3FN : MLAGEN_DTYPE_FP8E4M3FNUZ;
-  } else if (c.kv_format == kBf16) {
-    if (kt != at::kBFloat16) invalid("kv: dtype " + dt(kt) + ": expected torch.bfloat16 for kv_format='bf16'");
-    kv_dtype = MLAGEN_DTYPE_BF16;
-  } else {
-    if (kt != at::kByte && kt != at::ScalarType::Float4_e2m1fn_x2)
-      invalid("kv: dtype " + dt(kt) + ": expected torch.uint8 (fp4x2 E2M1, 288 bytes a token) for kv_format='mxfp4'");
-    const bool scale_ok = kv_scale && (kv_scale->scalar_type() == at::kByte ||
-                                       kv_scale->scalar_type() == at::ScalarType::Float8_e8m0fnu) &&
-                          kv_scale->dim() == 2 && kv_scale->stride(1) == 1;
-    if (!scale_ok)
-      invalid("kv_scale: expected the E8M0 scale rows, uint8 (total_kv, >= 18) with contiguous blocks; got " +
+  if (fmt->scale == 1 && (!kv_scale || kv_scale->scalar_type() != at::kFloat || kv_scale->numel() != 1))
+    invalid("kv_scale: " + scale_text() + ": expected one float32 (the per-tensor " + binding + " scale)");
+  const int64_t scale_blocks = fmt->scale == 2 ? MLAGEN_QK_DIM / fmt->scale_block : 0;
+  if (fmt->scale == 2) {  // E8M0 rows
+    bool dtype_ok = false;
+    for (const char* t : kMlagenScaleRowDtypes)
+      dtype_ok |= kv_scale && dt(kv_scale->scalar_type()) == std::string("torch.") + t;
+    if (!dtype_ok || kv_scale->dim() != 2 || kv_scale->stride(1) != 1)
+      invalid("kv_scale: expected the E8M0 scale rows, uint8 (total_kv, >= " + std::to_string(scale_blocks) +
+              ") with contiguous blocks; got " +
               (kv_scale ? "(" + dt(kv_scale->scalar_type()) + ", " + tup(kv_scale->sizes()) + ")" : std::string("None")));
-    kv_dtype = MLAGEN_DTYPE_MXFP4;
   }
+  const int32_t kv_dtype = fmt->code;
   const int64_t page_size = c.page_size;
   if (page_size == 0 && (table || kv_lens || indices || last_page))
     invalid("page_table / kv_lens / kv_indices / kv_last_page_len: given without page_size; expected page_size = the "
@@ -352,13 +355,14 @@ void make_problem(const Call& c, mlagen_problem* p, bool* indices_form) {
   if (page_size != 0 && !table == !indices)
     invalid("page_table / kv_indices: expected exactly one (a block table, or FlashInfer's kv_indices with kv_indptr "
             "in pages and kv_last_page_len)");
-  const int64_t row = kv_dtype == MLAGEN_DTYPE_MXFP4 ? MLAGEN_QK_DIM / 2 : MLAGEN_QK_DIM;
+  const int64_t row = fmt->row_bytes / fmt->stride_unit;  // in kv's elements
   const auto [rows, kv_stride] = kv_rows(kv, row, c.kv_format, page_size > 0 ? page_size : 0);
   int64_t scale_stride = 0;
-  if (kv_dtype == MLAGEN_DTYPE_MXFP4) {
-    if (kv_scale->size(0) < rows || kv_scale->size(1) < MLAGEN_QK_DIM / 32)
-      invalid("kv_scale: shape " + tup(kv_scale->sizes()) + ": expected at least (" + std::to_string(rows) +
-              ", 18) (one E8M0 scale per 32 dims of every token)");
+  if (fmt->scale == 2) {
+    if (kv_scale->size(0) < rows || kv_scale->size(1) < scale_blocks)
+      invalid("kv_scale: shape " + tup(kv_scale->sizes()) + ": expected at least (" + std::to_string(rows) + ", " +
+              std::to_string(scale_blocks) + ") (one E8M0 scale per " + std::to_string(fmt->scale_block) +
+              " dims of every token)");
     scale_stride = kv_scale->stride(0);
   }
   // sizes: batch from qo_indptr, q_len given or total_q / batch

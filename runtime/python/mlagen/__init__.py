@@ -54,9 +54,11 @@ def _torch():
 # (tests/gpu/test_formats.py), but mxfp4's margin is thin for very short sequences (a single
 # KV token: 4.9% outside against the 5% limit, ../shared/anchors.md). AMD: the H200's order
 # until measured on an MI300X / MI355X (both AMD kernels dequantize mxfp4 in LDS).
-KV_FORMATS = ("fp8", "bf16", "mxfp4")
+KV_FORMATS = _facts.KV_BINDINGS  # ("fp8", "bf16", "mxfp4"): codegen/facts.py KV_FORMATS' names
 FASTEST_ORDER = {"sm90a": ("fp8", "bf16", "mxfp4"), "gfx950": ("fp8", "bf16", "mxfp4"),
                  "gfx942": ("fp8", "bf16", "mxfp4")}
+# the formats whose kv_data entry may be the bare tensor (no scale)
+_UNSCALED = frozenset(f["binding"] for f in _facts.KV_FORMATS.values() if f["scale"] == 0)
 
 
 def _fp8_names():
@@ -68,32 +70,32 @@ def _fp8_names():
 
 
 def _kv_dtype_name(kv_format: str, kv, kv_scale) -> str:
-    """The C dtype of a KV entry, checking the tensors match the named format."""
+    """The C dtype of a KV entry (codegen/facts.py KV_FORMATS: the format of that name whose data
+    dtype kv has), checking its scale tensor by the format's scale kind."""
     torch = _torch()
-    if kv_format == "fp8":
-        names = _fp8_names()
-        if kv.dtype not in names:
-            raise MlagenError(1, f"kv: dtype {kv.dtype}: expected torch.float8_e4m3fn (or float8_e4m3fnuz on "
-                                 f"gfx942) for kv_format='fp8'")
-        if kv_scale is None or kv_scale.dtype != torch.float32 or kv_scale.numel() != 1:
-            raise MlagenError(1, f"kv_scale: {None if kv_scale is None else (kv_scale.dtype, kv_scale.numel())}: "
-                                 f"expected one float32 (the per-tensor fp8 scale)")
-        return names[kv.dtype]
-    if kv_format == "bf16":
-        if kv.dtype != torch.bfloat16:
-            raise MlagenError(1, f"kv: dtype {kv.dtype}: expected torch.bfloat16 for kv_format='bf16'")
-        return "bf16"
-    if kv_format == "mxfp4":
-        packed = (torch.uint8,) + tuple(getattr(torch, n) for n in ("float4_e2m1fn_x2",) if hasattr(torch, n))
-        if kv.dtype not in packed:
-            raise MlagenError(1, f"kv: dtype {kv.dtype}: expected torch.uint8 (fp4x2 E2M1, 288 bytes a token) "
-                                 f"for kv_format='mxfp4'")
-        scale_types = (torch.uint8,) + tuple(getattr(torch, n) for n in ("float8_e8m0fnu",) if hasattr(torch, n))
+    if kv_format not in KV_FORMATS:
+        raise MlagenError(1, f"kv_format={kv_format!r}: expected one of {KV_FORMATS} or 'fastest'")
+    name, want = None, []
+    for n, f in _facts.KV_FORMATS.items():
+        if f["binding"] != kv_format:
+            continue
+        for t in f["torch_dtypes"]:
+            want.append(f"torch.{t}")
+            if getattr(torch, t, None) == kv.dtype:
+                name = n
+    if name is None:
+        raise MlagenError(1, f"kv: dtype {kv.dtype}: expected {' or '.join(want)} for kv_format={kv_format!r}")
+    f = _facts.KV_FORMATS[name]
+    if f["scale"] == 1 and (kv_scale is None or kv_scale.dtype != torch.float32 or kv_scale.numel() != 1):
+        raise MlagenError(1, f"kv_scale: {None if kv_scale is None else (kv_scale.dtype, kv_scale.numel())}: "
+                             f"expected one float32 (the per-tensor {kv_format} scale)")
+    if f["scale"] == 2:  # E8M0 rows
+        scale_types = tuple(getattr(torch, t) for t in _facts.SCALE_ROW_DTYPES if hasattr(torch, t))
         if kv_scale is None or kv_scale.dtype not in scale_types or kv_scale.dim() != 2 or kv_scale.stride(1) != 1:
-            raise MlagenError(1, "kv_scale: expected the E8M0 scale rows, uint8 (total_kv, >= 18) with contiguous "
-                                 f"blocks; got {None if kv_scale is None else (kv_scale.dtype, tuple(kv_scale.shape))}")
-        return "mxfp4"
-    raise MlagenError(1, f"kv_format={kv_format!r}: expected one of {KV_FORMATS} or 'fastest'")
+            raise MlagenError(1, f"kv_scale: expected the E8M0 scale rows, uint8 (total_kv, >= "
+                                 f"{QK_DIM // f['scale_block']}) with contiguous blocks; got "
+                                 f"{None if kv_scale is None else (kv_scale.dtype, tuple(kv_scale.shape))}")
+    return name
 
 
 class Plan:
@@ -238,6 +240,12 @@ def _build_arch() -> str:
     return _arch
 
 
+def _fastest_order() -> tuple:
+    """This build's arch's measured order, then any format it has not ranked (a new one) last."""
+    order = FASTEST_ORDER.get(_build_arch(), ())
+    return tuple(order) + tuple(f for f in KV_FORMATS if f not in order)
+
+
 def resolve_format(kv_data, kv_format: str) -> str:
     """kv_format, with "fastest" made concrete: the first of this build's FASTEST_ORDER
     that kv_data holds."""
@@ -245,7 +253,7 @@ def resolve_format(kv_data, kv_format: str) -> str:
         return kv_format
     if not isinstance(kv_data, dict):
         raise MlagenError(1, "kv_format='fastest': expected kv_data as the leaderboard's dict of formats")
-    for f in FASTEST_ORDER.get(_build_arch(), KV_FORMATS):
+    for f in _fastest_order():
         if f in kv_data:
             return f
     raise MlagenError(1, f"kv_data: none of {KV_FORMATS} present (has {sorted(kv_data)})")
@@ -259,11 +267,11 @@ def _unpack_kv(kv_data, kv_format: str):
             raise MlagenError(1, f"kv_data: no {kv_format!r} entry (has {sorted(kv_data)}); "
                                  f"expected kv_data['{kv_format}']")
         kv_data = kv_data[kv_format]
-    if kv_format == "bf16" and not isinstance(kv_data, (tuple, list)):
+    if kv_format in _UNSCALED and not isinstance(kv_data, (tuple, list)):
         return kv_data, None
     if not (isinstance(kv_data, (tuple, list)) and len(kv_data) == 2):
         raise MlagenError(1, f"kv_data[{kv_format!r}]: expected (kv tensor, scale tensor)"
-                             + (" or the bf16 tensor" if kv_format == "bf16" else ""))
+                             + (f" or the {kv_format} tensor" if kv_format in _UNSCALED else ""))
     return kv_data[0], kv_data[1]
 
 
@@ -433,13 +441,15 @@ def prepare(q, kv, kv_scale, qo_indptr, kv_indptr, config: dict, *, kv_format: s
     if paged and (page_table is None) == (kv_indices is None):
         raise MlagenError(1, "page_table / kv_indices: expected exactly one (a block table, or FlashInfer's "
                              "kv_indices with kv_indptr in pages and kv_last_page_len)")
-    row = QK_DIM // 2 if kv_dtype == "mxfp4" else QK_DIM
+    fmt = _facts.KV_FORMATS[kv_dtype]
+    row = fmt["row_bytes"] // fmt["stride_unit"]  # in kv's elements
     kv_rows, kv_stride = _kv_rows(kv, row, kv_format, max(page_size, 0))
     scale_stride = 0
-    if kv_dtype == "mxfp4":
-        if kv_scale.shape[0] < kv_rows or kv_scale.shape[1] < QK_DIM // 32:
-            raise MlagenError(1, f"kv_scale: shape {tuple(kv_scale.shape)}: expected at least ({kv_rows}, 18) "
-                                 f"(one E8M0 scale per 32 dims of every token)")
+    if fmt["scale"] == 2:
+        blocks = QK_DIM // fmt["scale_block"]
+        if kv_scale.shape[0] < kv_rows or kv_scale.shape[1] < blocks:
+            raise MlagenError(1, f"kv_scale: shape {tuple(kv_scale.shape)}: expected at least ({kv_rows}, {blocks}) "
+                                 f"(one E8M0 scale per {fmt['scale_block']} dims of every token)")
         scale_stride = kv_scale.stride(0)
     config_batch, config_heads, kv_len, sm_scale, config_q_len = _config_fields(config)
     batch = config_batch if config_batch is not None else qo_indptr.numel() - 1
@@ -578,7 +588,7 @@ def _ctypes_cached(q, kv_data, qo_indptr, kv_indptr, config, kv_format, q_dtype=
     global _last_plan
     try:
         entry = kv_data[kv_format]
-        kv, kv_scale = (entry, None) if kv_format == "bf16" and entry.__class__ is not tuple else entry
+        kv, kv_scale = (entry, None) if kv_format in _UNSCALED and entry.__class__ is not tuple else entry
         plan = _plans.get((_meta(q, kv, kv_scale, qo_indptr, kv_indptr, q_dtype, q_scale), kv_format, _NO_OPTIONS,
                            tuple(config.items())))
     except (KeyError, TypeError, ValueError, AttributeError):
@@ -606,7 +616,7 @@ def leaderboard_entry(kv_format: str = "fastest", q_dtype: str = "bf16", *, nati
         fmt = kv_format
         if fmt == "fastest":
             if order is None:
-                order = FASTEST_ORDER.get(_build_arch(), KV_FORMATS)
+                order = _fastest_order()
             # the same dict layout every call: one membership test, unless the first choice
             # is absent (then the order is walked again)
             if last is None or last not in kv_data or (last != order[0] and order[0] in kv_data):

@@ -13,3 +13,18 @@ PAGE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 ABI_VERSION = 5
 DTYPE = {'bf16': 1, 'fp8e4m3fn': 2, 'fp8e4m3fnuz': 3, 'mxfp4': 4, 'fp8': 5}
 HEADS_TEXT = "8, 16, 32, 64 or 128"
+# the KV formats (codegen/facts.py KV_FORMATS), by dtype name
+KV_FORMATS = {
+    "bf16": dict(code=1, binding="bf16", torch_dtypes=('bfloat16',), row_bytes=1152, stride_unit=2,
+         scale=0, scale_block=0),
+    "fp8e4m3fn": dict(code=2, binding="fp8", torch_dtypes=('float8_e4m3fn',), row_bytes=576, stride_unit=1,
+         scale=1, scale_block=0),
+    "fp8e4m3fnuz": dict(code=3, binding="fp8", torch_dtypes=('float8_e4m3fnuz',), row_bytes=576, stride_unit=1,
+         scale=1, scale_block=0),
+    "mxfp4": dict(code=4, binding="mxfp4", torch_dtypes=('uint8', 'float4_e2m1fn_x2'), row_bytes=288, stride_unit=1,
+         scale=2, scale_block=32),
+}
+KV_BINDINGS = ('fp8', 'bf16', 'mxfp4')  # the names callers pass (kv_format=)
+SCALE_ROWS_ALIGN = 16  # scale kind 2 (E8M0 rows): the rows' base alignment
+SCALE_ROWS_MAX_STRIDE = 32  # scale kind 2: the most bytes between two rows
+SCALE_ROW_DTYPES = ('uint8', 'float8_e8m0fnu')  # scale kind 2: the scale tensor's torch dtypes

@@ -5,6 +5,7 @@ import ctypes
 import os
 import warnings
 
+from . import _facts
 from ._facts import ABI_VERSION, DTYPE, QK_DIM, V_DIM  # generated from codegen/facts.py (as the library's facts.inc)
 
 OK, ERR_INVALID, ERR_UNSUPPORTED, ERR_WORKSPACE, ERR_DEVICE, ERR_INPUT_DATA = range(6)
@@ -48,8 +49,11 @@ class Problem(ctypes.Structure):
                 kv=0x2000, kv_stride_token=qk_dim, kv_scale=0x3000, qo_indptr=0x4000, kv_indptr=0x5000,
                 out=0x6000, out_stride_token=num_heads * v_dim, out_stride_head=v_dim,
                 kv_scale_stride=18, q_scale=0x7000, device=-1)
-        if p.kv_dtype == DTYPE["mxfp4"]:
-            p.kv_stride_token = qk_dim // 2
+        fmt = next((f for f in _facts.KV_FORMATS.values() if f["code"] == p.kv_dtype), None)
+        if fmt is not None:  # a row of qk_dim, in the format's stride unit (an unknown code: the library refuses it)
+            p.kv_stride_token = qk_dim * fmt["row_bytes"] // (fmt["stride_unit"] * QK_DIM)
+            if fmt["scale"] == 2:
+                p.kv_scale_stride = qk_dim // fmt["scale_block"]
         for k, v in fields.items():
             setattr(p, k, v)
         if "total_q" not in fields:

@@ -59,7 +59,7 @@ import torch
 
 __all__ = ["FP8_DTYPE", "MX_BLOCK", "E2M1_VALUES", "SCALE_PAD_ROWS", "SCALE_PAD_BLOCKS", "SCALE_PAD_VALUE",
            "quantize_fp8", "dequantize_fp8", "quantize_q_fp8", "quantize_mxfp4", "dequantize_mxfp4",
-           "make_kv_formats"]
+           "make_kv_formats", "dequantize", "DEQUANTIZE"]
 
 FP8_DTYPE = torch.float8_e4m3fn  # OCP e4m3 (NVIDIA, MI355X); max 448. MI300X: torch.float8_e4m3fnuz, max 240
 MX_BLOCK = 32
@@ -188,6 +188,26 @@ def dequantize_mxfp4(data: torch.Tensor, scales: torch.Tensor, dim: int | None =
         s = torch.where(s == 255, torch.full_like(s, float("nan")), torch.exp2(s - 127))
         out[r0:r1] = (vals.reshape(r1 - r0, nb, MX_BLOCK) * s.unsqueeze(-1)).reshape(r1 - r0, n)
     return out.reshape(*lead, n)
+
+
+# --------------------------------------------------------------------------- every format
+
+# The callers' format name (kv_format; codegen/facts.py KV_FORMATS' binding) -> its kv_data entry,
+# its first `rows` rows (None: all), dequantized to float32 (rows, 576): one line a format.
+DEQUANTIZE = {
+    "fp8": lambda e, rows: dequantize_fp8(e[0][:rows], e[1]),
+    "bf16": lambda e, rows: (e[0] if isinstance(e, (tuple, list)) else e)[:rows].to(torch.float32),
+    "mxfp4": lambda e, rows: dequantize_mxfp4(e[0][:rows], e[1][:rows]),
+}
+
+
+def dequantize(kv_format: str, entry, rows: int | None = None) -> torch.Tensor:
+    """kv_data[kv_format] (or its first `rows` KV rows) as float32 (rows, 576): the values a kernel
+    of that format reads (the reference's input, the bundle's fallback)."""
+    if kv_format not in DEQUANTIZE:
+        raise ValueError(f"dequantize: kv_format {kv_format!r}: expected one of {tuple(DEQUANTIZE)}")
+    out = DEQUANTIZE[kv_format](entry, rows)
+    return out.reshape(out.shape[0], -1)
 
 
 # --------------------------------------------------------------------------- the task's kv_data
