@@ -210,8 +210,15 @@ def _attention_f32(q, rows, config, qo, kvp, sequences):
 
 
 def _kv_rows_f32(kv_data, fmt, end):
-    # the first `end` KV rows of a format, dequantized to float32 (total rows, 576)
-    return mlagen.quant.dequantize(fmt, kv_data[fmt], end)
+    # the first `end` KV rows of a format, dequantized to float32 (total rows, 576): by the package's
+    # table (mlagen.quant.DEQUANTIZE, every format) where it loaded; without it, as a plain tensor
+    # times its per-tensor scale (bf16, fp8: the leaderboard's)
+    entry = kv_data[fmt]
+    if mlagen is not None:
+        return mlagen.quant.dequantize(fmt, entry, end)
+    data, scale = entry if isinstance(entry, (tuple, list)) else (entry, None)
+    rows = data[:end].reshape(end, -1).float()
+    return rows if scale is None else rows * scale.float()
 
 
 def _torch_decode(data):
