@@ -7,6 +7,7 @@
 #include <dlfcn.h>
 #include <link.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -289,7 +290,7 @@ mlagen_status load(const CodeObject& obj, Functions* f) {
     // AMD: a block's LDS (up to 160 KB on gfx950, 64 KB on gfx942) needs no opt-in.
     *slots[i] = reinterpret_cast<void*>(fn);
   }
-  f->resident_blocks = 0;
+  f->in_launch_blocks = 0;
   f->combine_units = 0;
 #if defined(MLAGEN_VENDOR_NVIDIA)
   if ((obj.info.merge_in_launch && f->decode) || f->combine) {
@@ -310,8 +311,9 @@ mlagen_status load(const CodeObject& obj, Functions* f) {
     };
     if (obj.info.merge_in_launch && f->decode) {
       const EntryShape shape = entry_shape(obj.info, kDecode);
-      st = resident(f->decode, static_cast<int>(shape.threads), shape.smem, "", &f->resident_blocks);
+      st = resident(f->decode, static_cast<int>(shape.threads), shape.smem, "", &f->in_launch_blocks);
       if (st != MLAGEN_OK) return st;
+      f->in_launch_blocks = std::min<int64_t>(f->in_launch_blocks, sms);
     }
     if (f->combine) {
       st = resident(f->combine, device::kCombineGroupThreads, 0, "_combine", &f->combine_units);
@@ -429,7 +431,7 @@ DeviceScope::~DeviceScope() {
 mlagen_status launch(const Launch& l, const char* what) {
   const Api* a = &g_api;  // resolved: a DeviceScope or functions() came first
 #if defined(MLAGEN_VENDOR_AMD)
-  if (l.cooperative)  // resident_blocks is 0 on AMD: launch.cpp never asks
+  if (l.cooperative)  // in_launch_blocks is 0 on AMD: launch.cpp never asks
     return fail(MLAGEN_ERR_UNSUPPORTED, "%s: a cooperative launch (not built for HIP)", what);
   return check(a->ModuleLaunchKernel(static_cast<hipFunction_t>(l.fn), l.grid_x, l.grid_y, 1, l.block, 1, 1, l.smem,
                                      l.stream, l.args, nullptr),

@@ -49,10 +49,12 @@ struct Functions {
   void* q8;
   void* amax;
   void* combine;
-  // Blocks of the decode entry the device holds at once (blocks an SM x SMs; NVIDIA, for an object
-  // whose decode can merge its splits in its launch: LaunchInfo merge_in_launch; else 0). A grid of
-  // at most this many is launched cooperatively when it merges in launch (launch.cpp).
-  int64_t resident_blocks;
+  // The most blocks a decode grid that merges its splits in its launch may have (NVIDIA, for an
+  // object whose decode can: LaunchInfo merge_in_launch; else 0): one an SM, and all resident at
+  // once (the smaller of the SMs and blocks an SM x SMs). Such a grid, its split blocks and as many
+  // mergers, is launched cooperatively (launch.cpp). More, and blocks share SMs: on the H200 the
+  // decode blocks then ran 1.3-2 us longer (32x1024, 128 split blocks; docs/perf.md).
+  int64_t in_launch_blocks;
   // 128-thread blocks of the combine entry the device holds at once (blocks an SM x SMs; NVIDIA;
   // 0 on AMD, where the combine runs one split group a row): how many split groups a combine grid
   // may take and still be resident at once (launch.cpp).

@@ -151,11 +151,11 @@ mlagen_status launch_kernel(const CodeObject& obj, const mlagen_problem* pr, int
   const EntryShape decode = entry_shape(info, quantize_q ? kDecodeQ8 : kDecode);
   // A split decode merges its partials in its own launch when the process asks for it
   // (MLAGEN_MERGE_IN_LAUNCH), the kernel can, and the whole grid, a merger block for each split
-  // block, in rows of blocks after theirs (mla_decode_sm90.cuh merge_block), is resident at once (the mergers wait for
-  // the splits: a cooperative launch guarantees it). Not after the amax pre-pass, whose decode is
-  // a dependent launch.
+  // block, in rows of blocks after theirs (mla_decode_sm90.cuh merge_block), takes one SM a block,
+  // all resident at once (the mergers wait for the splits: a cooperative launch guarantees it).
+  // Not after the amax pre-pass, whose decode is a dependent launch.
   p.merge_in_launch = splits > 1 && info.merge_in_launch && !quantize_q && split_merge() == MLAGEN_MERGE_IN_LAUNCH &&
-                      2 * static_cast<int64_t>(grid_x) * grid_y <= f->resident_blocks;
+                      2 * static_cast<int64_t>(grid_x) * grid_y <= f->in_launch_blocks;
   const unsigned decode_y = p.merge_in_launch ? 2 * grid_y : grid_y;
   // after the amax pre-pass the decode starts early and waits for it on the device (NVIDIA)
   st = gpu::launch({quantize_q ? f->q8 : f->decode, grid_x, decode_y, decode.threads, decode.smem, stream, args, quantize_q,
