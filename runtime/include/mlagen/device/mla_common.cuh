@@ -249,6 +249,15 @@ struct SplitMerge {
     mmax = mn;
     return true;
   }
+  // The same, and the split's 4 dims v into acc: acc = a acc + w v (nothing for a split without tokens).
+  MLAGEN_DEVICE void add(float2 ml, const float4& v, float4& acc) {
+    float a, w;
+    if (!add(ml, a, w)) return;
+    acc.x = acc.x * a + w * v.x;
+    acc.y = acc.y * a + w * v.y;
+    acc.z = acc.z * a + w * v.z;
+    acc.w = acc.w * a + w * v.w;
+  }
   MLAGEN_DEVICE float scale(float o_scale) const {
     return bad || lsum != lsum ? quiet_nan() : (lsum > 0.f ? o_scale / lsum : 0.f);
   }
@@ -286,12 +295,7 @@ MLAGEN_DEVICE SplitMerge merge_row(const Params& p, int splits, int64_t part0, i
 #pragma unroll
     for (int i = 0; i < kGroup; ++i) {
       if (s0 + i >= splits) break;
-      float a, w;
-      if (!mg.add(ml[i], a, w)) continue;  // no tokens: weight 0
-      acc.x = acc.x * a + w * v[i].x;
-      acc.y = acc.y * a + w * v[i].y;
-      acc.z = acc.z * a + w * v[i].z;
-      acc.w = acc.w * a + w * v[i].w;
+      mg.add(ml[i], v[i], acc);  // a split without tokens weighs 0
     }
   }
   return mg;
@@ -337,15 +341,7 @@ MLAGEN_DEVICE void combine_groups_merge(SplitMerge& mg, float4& acc, int groups,
   }
   __syncthreads();
   if (g > 0) return;
-  for (int h = 1; h < groups; ++h) {
-    float a, w;
-    if (!mg.add(s_ml[h - 1], a, w)) continue;  // a group without tokens
-    const float4 v = s_acc[h - 1][t];
-    acc.x = acc.x * a + w * v.x;
-    acc.y = acc.y * a + w * v.y;
-    acc.z = acc.z * a + w * v.z;
-    acc.w = acc.w * a + w * v.w;
-  }
+  for (int h = 1; h < groups; ++h) mg.add(s_ml[h - 1], s_acc[h - 1][t], acc);  // a group without tokens weighs 0
 }
 
 // Merges the splits of one (sequence, query row): out = sum_s w_s O_s / sum_s w_s l_s with

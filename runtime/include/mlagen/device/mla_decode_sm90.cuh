@@ -121,15 +121,7 @@ MLAGEN_DEVICE void merge_block(const Params& p, uint8_t* smem) {
     if (!qr.owns(j)) continue;  // a padding row
     SplitMerge mg;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int sp = 0; sp < splits; ++sp) {
-      float a, w;
-      if (!mg.add(ml_s[sp * kGroupRows + j], a, w)) continue;  // no tokens: weight 0
-      const float4 v = o_s[sp * n + k];
-      acc.x = acc.x * a + w * v.x;
-      acc.y = acc.y * a + w * v.y;
-      acc.z = acc.z * a + w * v.z;
-      acc.w = acc.w * a + w * v.w;
-    }
+    for (int sp = 0; sp < splits; ++sp) mg.add(ml_s[sp * kGroupRows + j], o_s[sp * n + k], acc);  // no tokens: weight 0
     const float a4[4] = {acc.x, acc.y, acc.z, acc.w};
     store_merged(p, mg, o_scale, qr.token(j), qr.head(j), dim, a4, dim == 0);
   }
