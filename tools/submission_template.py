@@ -98,7 +98,10 @@ def _import_package(root, lib):
     try:
         import mlagen
         import mlagen._lib
-        import mlagen.quant  # the self-check's dequantization (the folder is gone after the import)
+        try:  # the self-check's dequantization (the folder is gone after the import); never a reason to fall back
+            import mlagen.quant  # noqa: F401
+        except Exception:  # noqa: BLE001 - a torch without the dtypes quant.py names: plain tensors below
+            pass
     finally:
         _sys.path.remove(root)
     return mlagen
@@ -211,11 +214,12 @@ def _attention_f32(q, rows, config, qo, kvp, sequences):
 
 def _kv_rows_f32(kv_data, fmt, end):
     # the first `end` KV rows of a format, dequantized to float32 (total rows, 576): by the package's
-    # table (mlagen.quant.DEQUANTIZE, every format) where it loaded; without it, as a plain tensor
+    # table (mlagen.quant.DEQUANTIZE, every format) where it imported; without it, as a plain tensor
     # times its per-tensor scale (bf16, fp8: the leaderboard's)
     entry = kv_data[fmt]
-    if mlagen is not None:
-        return mlagen.quant.dequantize(fmt, entry, end)
+    quant = getattr(mlagen, "quant", None)
+    if quant is not None:
+        return quant.dequantize(fmt, entry, end)
     data, scale = entry if isinstance(entry, (tuple, list)) else (entry, None)
     rows = data[:end].reshape(end, -1).float()
     return rows if scale is None else rows * scale.float()
