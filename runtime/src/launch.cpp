@@ -11,7 +11,6 @@
 #include "launch.h"
 
 #include "code_objects.inc"  // built: kCodeObjects (tools/embed.py)
-#include "facts.inc"         // generated: the KV formats' table (codegen/facts.py)
 
 namespace mlagen {
 
@@ -32,7 +31,9 @@ using device::Params;
 
 std::atomic<int32_t> g_split_merge{MLAGEN_MERGE_COMBINE};
 
-Params make_params(const mlagen_problem* pr, int32_t splits) {
+// The kernel's entry (the plan's choice) states the KV format's layout: its stride unit, scale kind and
+// row bytes (codegen/facts.py KV_FORMATS through the generated registry).
+Params make_params(const mlagen_problem* pr, const KernelEntry& e, int32_t splits) {
   const int32_t groups = row_groups(pr->num_heads, pr->q_len);
   const WorkspaceLayout ws = workspace_layout(pr, splits);
   auto* base = static_cast<uint8_t*>(pr->workspace);
@@ -45,10 +46,9 @@ Params make_params(const mlagen_problem* pr, int32_t splits) {
   p.q_amax = quantize_q ? reinterpret_cast<float*>(base + device::kQAmaxOffset) : nullptr;
   p.q_amax_parts = quantize_q ? static_cast<int32_t>(pr->total_q < device::kQAmaxParts ? pr->total_q : device::kQAmaxParts) : 0;
   p.kv = static_cast<const uint8_t*>(pr->kv);
-  const MlagenKvFormat& kv = *mlagen_kv_format(pr->kv_dtype);  // validated: a known format
-  p.kv_stride_bytes = pr->kv_stride_token * kv.stride_unit;
-  p.kv_scale = kv.scale == 1 ? static_cast<const float*>(pr->kv_scale) : nullptr;
-  p.kv_scales = kv.scale == 2 ? static_cast<const uint8_t*>(pr->kv_scale) : nullptr;
+  p.kv_stride_bytes = pr->kv_stride_token * e.stride_unit;
+  p.kv_scale = e.scale_kind == 1 ? static_cast<const float*>(pr->kv_scale) : nullptr;
+  p.kv_scales = e.scale_kind == 2 ? static_cast<const uint8_t*>(pr->kv_scale) : nullptr;
   p.kv_scales_stride = pr->kv_scale_stride;
   p.qo_indptr = pr->qo_indptr;
   p.kv_indptr = pr->kv_indptr;
@@ -125,16 +125,17 @@ unsigned combine_threads(int32_t splits, unsigned rows, int64_t units) {
 void set_split_merge(int32_t mode) { g_split_merge.store(mode, std::memory_order_relaxed); }
 int32_t split_merge() { return g_split_merge.load(std::memory_order_relaxed); }
 
-mlagen_status launch_kernel(const CodeObject& obj, const mlagen_problem* pr, int32_t splits, void* stream, int device) {
+mlagen_status launch_kernel(const CodeObject& obj, const KernelEntry& e, const mlagen_problem* pr, int32_t splits,
+                            void* stream, int device) {
   const gpu::Functions* f = nullptr;
   mlagen_status st = gpu::functions(obj, device, &f);
   if (st != MLAGEN_OK) return st;
   const device::LaunchInfo& info = obj.info;
-  Params p = make_params(pr, splits);
+  Params p = make_params(pr, e, splits);
   device::KvMapsAbi maps;
   void* args[2] = {&p, &maps};
   if (info.rows_body) {
-    st = kv_maps(p, mlagen_kv_format(pr->kv_dtype)->row_bytes, &maps);
+    st = kv_maps(p, e.row_bytes, &maps);
     if (st != MLAGEN_OK) return st;
   }
   const unsigned grid_x = static_cast<unsigned>(splits * p.row_groups / (info.rows_per_block / 16));

@@ -563,7 +563,7 @@ mlagen_status mlagen_run(const mlagen_plan_t* plan, const mlagen_args* a, void* 
   p.workspace_bytes = plan->workspace_bytes;
   gpu::DeviceScope scope(p.device);  // launch on the pointers' device, then give the caller's back
   if (scope.status() != MLAGEN_OK) return scope.status();
-  return launch_kernel(*plan->object, &p, plan->splits, stream, scope.device());
+  return launch_kernel(*plan->object, *plan->entry, &p, plan->splits, stream, scope.device());
 }
 
 mlagen_status mlagen_take_device_errors(void* workspace, void* stream, uint32_t* errors) {
