@@ -23,3 +23,6 @@
 #endif
 
 #define MLAGEN_DEVICE __device__ __forceinline__
+// A device function kept out of line: one copy of its code, called. For code a block runs once
+// and would otherwise unroll many times over (see formats.cuh quantize_q4).
+#define MLAGEN_DEVICE_OUTLINED __device__ __noinline__

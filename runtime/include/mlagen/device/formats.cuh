@@ -300,16 +300,28 @@ MLAGEN_DEVICE uint2 load_q4_raw(const Params& p, int64_t q_row, int head, int di
   return w;
 }
 
+// Four q values quantized to fp8 in units of the scale (kFp8FromBf16): the reference's recipe,
+// x / scale rounded to bf16, clamped, rounded to e4m3. Out of line on NVIDIA: a thread stages its
+// q row as 18 such groups once a block, and inlined they were 44 KB of straight-line code (the
+// generic warpgroup kernel's `_q8` entry 144 KB against the given-q entry's 99 KB), fetched cold
+// after the flush. (AMD keeps it inline: a call there costs scratch in these register-heavy kernels.)
+#if defined(MLAGEN_NVIDIA)
+MLAGEN_DEVICE_OUTLINED
+#else
+MLAGEN_DEVICE
+#endif
+float4 quantize_q4(float4 f, float scale, float inv) {
+  auto q8 = [&](float x) { return round_fp8(fminf(fmaxf(div_round_bf16(x, scale, inv), -kFp8Max), kFp8Max)); };
+  return make_float4(q8(f.x), q8(f.y), q8(f.z), q8(f.w));
+}
+
 // Four consecutive query dims as fp32 from their stored words: bf16 exact; fp8 exact in
 // units of the scale (quantized here for kFp8FromBf16).
 template <QFormat QF>
 MLAGEN_DEVICE float4 q4_from_raw(const QQuant& qq, uint2 v) {
   if constexpr (QF == QFormat::kFp8) return fp8x4_to_float4(v.x);
-  float4 f = make_float4(bf16_lo(v.x), bf16_hi(v.x), bf16_lo(v.y), bf16_hi(v.y));
-  if constexpr (QF == QFormat::kFp8FromBf16) {
-    auto q8 = [&](float x) { return round_fp8(fminf(fmaxf(div_round_bf16(x, qq.scale, qq.inv), -kFp8Max), kFp8Max)); };
-    f = make_float4(q8(f.x), q8(f.y), q8(f.z), q8(f.w));
-  }
+  const float4 f = make_float4(bf16_lo(v.x), bf16_hi(v.x), bf16_lo(v.y), bf16_hi(v.y));
+  if constexpr (QF == QFormat::kFp8FromBf16) return quantize_q4(f, qq.scale, qq.inv);
   return f;
 }
 
