@@ -22,7 +22,7 @@ import mlagen  # noqa: E402
 from mlagen import serving  # noqa: E402
 
 from reference import quantize_fp8  # noqa: E402
-from tolerances import TOLERANCES  # noqa: E402
+from tolerances import TOLERANCES, lse_limit  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 QK, DV = 576, 512
@@ -115,8 +115,10 @@ def check(batch, out, lse, q64, seed, what):
     if lse is not None:
         fin = torch.isfinite(ref_lse)
         assert (lse[~fin] == -math.inf).all(), f"seed {seed} {what}: LSE of rows with no key must be -inf"
-        d = (lse[fin].double() - ref_lse[fin]).abs().max().item() if fin.any() else 0.0
-        assert d < 2e-2, f"seed {seed} {what}: LSE off by {d:.2e} (natural log expected)"
+        err = (lse[fin].double() - ref_lse[fin]).abs()
+        over = err - lse_limit(batch.cache_dtype == "fp8", ref_lse[fin])
+        d = err.max().item() if fin.any() else 0.0
+        assert not fin.any() or over.max().item() <= 0, f"seed {seed} {what}: LSE off by {d:.2e} (natural log expected)"
     return worst
 
 
