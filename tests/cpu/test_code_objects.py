@@ -145,6 +145,31 @@ def test_sm90a_cubins_hold_every_entry_point():
     assert all(i["params_bytes"] == embed.PARAMS_BYTES for i in infos.values())
 
 
+# The `_q8` entry (a bf16 q quantized to fp8 in the kernel) against the same kernel's decode entry:
+# it adds the wait for the pre-pass, the max|q| reduction and one out-of-line quantizer
+# (formats.cuh quantize_q4): 6.8-8.6 KB at aa5e226. Inlined, the quantizer's 18 copies were
+# 37-44 KB of code every block runs once, fetched cold after the flush: 14.7 us of kernel time
+# (docs/perf.md, fp8 q).
+Q8_CODE_GROWTH_MAX = 12 * 1024
+
+
+def test_sm90a_q8_entries_stay_near_their_decode_entries_code():
+    if not os.path.exists(SM90A):
+        pytest.skip(f"{SM90A} not built (make)")
+    _, objects, _ = _open(SM90A)
+    checked = 0
+    for name, data in objects:
+        text = {s.name[len(".text."):]: s.size for s in Elf(data).sections if s.name.startswith(".text.")}
+        if name + "_q8" not in text:
+            continue
+        growth = text[name + "_q8"] - text[name]
+        assert growth <= Q8_CODE_GROWTH_MAX, (
+            f"{name}_q8: {text[name + '_q8']} bytes of code against {text[name]} for {name}: +{growth} "
+            f"(at most {Q8_CODE_GROWTH_MAX}: keep the q quantizer out of line)")
+        checked += 1
+    assert checked >= 10, f"only {checked} sm90a objects have a _q8 entry"
+
+
 def _readelf(path, *flags):
     return subprocess.run(["readelf", *flags, path], capture_output=True, text=True, check=True).stdout
 
