@@ -147,9 +147,9 @@ def test_sm90a_cubins_hold_every_entry_point():
 
 # The `_q8` entry (a bf16 q quantized to fp8 in the kernel) against the same kernel's decode entry:
 # it adds the wait for the pre-pass, the max|q| reduction and one out-of-line quantizer
-# (formats.cuh quantize_q4): 6.8-8.6 KB at aa5e226. Inlined, the quantizer's 18 copies were
-# 37-44 KB of code every block runs once, fetched cold after the flush: 14.7 us of kernel time
-# (docs/perf.md, fp8 q).
+# (formats.cuh quantize_q4): 5.6-9.0 KB at aa5e226. Inlined, the quantizer's 18 copies were
+# 37-44 KB of code every block runs once, and the generic `_q8` decode paid 14.7 us more kernel
+# time than it does out of line (docs/perf.md, fp8 q).
 Q8_CODE_GROWTH_MAX = 12 * 1024
 
 

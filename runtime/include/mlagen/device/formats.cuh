@@ -302,9 +302,10 @@ MLAGEN_DEVICE uint2 load_q4_raw(const Params& p, int64_t q_row, int head, int di
 
 // Four q values quantized to fp8 in units of the scale (kFp8FromBf16): the reference's recipe,
 // x / scale rounded to bf16, clamped, rounded to e4m3. Out of line on NVIDIA: a thread stages its
-// q row as 18 such groups once a block, and inlined they were 44 KB of straight-line code (the
-// generic warpgroup kernel's `_q8` entry 144 KB against the given-q entry's 99 KB), fetched cold
-// after the flush. (AMD keeps it inline: a call there costs scratch in these register-heavy kernels.)
+// q row as 18 such groups once a block; inlined they were 44 KB of code (the generic warpgroup
+// kernel's `_q8` entry 144 KB against the given-q entry's 99 KB) and that entry paid a fixed
+// ~19.5 us over the given-q one under the flush (docs/perf.md, fp8 q); out of line, ~5 us (the
+// pre-pass). (AMD keeps it inline: a call there costs scratch in these register-heavy kernels.)
 #if defined(MLAGEN_NVIDIA)
 MLAGEN_DEVICE_OUTLINED
 #else
