@@ -47,8 +47,6 @@ KNOWN_SPILLS = {  # first match wins; the mxfp4 ones present at 640134c, when th
               "per row: ~120 of the reloads), and 5 reloads a tile in the loops"),
     "mla_decode_sm90a_*_kvfp8e4m3fn_*_bm64.hip":
         (168, "64-row rows body: the O groups' rescale branch and copy issue (see above)"),
-    "mla_decode_sm90a_bany_kvany_sany_qfp8_kvmxfp4_bn64_st2.hip":
-        (20, "generic mxfp4 warpgroup kernel with an fp8 q (12 B; 20 with the in-launch split merge inlined, f9f8f82)"),
     "mla_decode_sm90a_bany_kvany_sany_qbf16_kvmxfp4_bn64_st3.hip":
         (16, "generic mxfp4 warpgroup kernel, 3 stages: a tuning tile (make tune), not a default (4 B; 16 with the "
              "in-launch split merge inlined, f9f8f82)"),
