@@ -305,7 +305,8 @@ MLAGEN_DEVICE uint2 load_q4_raw(const Params& p, int64_t q_row, int head, int di
 // q row as 18 such groups once a block; inlined they were 44 KB of code (the generic warpgroup
 // kernel's `_q8` entry 144 KB against the given-q entry's 99 KB) and that entry paid a fixed
 // ~19.5 us over the given-q one under the flush (docs/perf.md, fp8 q); out of line, ~5 us (the
-// pre-pass). (AMD keeps it inline: a call there costs scratch in these register-heavy kernels.)
+// pre-pass). (AMD keeps it inline: out of line, the gfx950 generic `_q8` entry calls it with a
+// dynamic stack, scratch not bounded, which make check-amd refuses; its code would drop 95 -> 66 KB.)
 #if defined(MLAGEN_NVIDIA)
 MLAGEN_DEVICE_OUTLINED
 #else
