@@ -22,11 +22,11 @@ torch = pytest.importorskip("torch", reason="GPU tests need torch")
 import mlagen  # noqa: E402
 
 from reference import SM_SCALE, attention, dequant_fp8, make_inputs, quantize_fp8, rel_l2  # noqa: E402
-from tolerances import lse_limit  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 QK, DV = 576, 512
 ROW_TOL = {"fp8": 2e-2, "bf16": 1e-2}  # per-row rel L2 against float64 on the values read (bf16 output)
+LSE_TOL = {"fp8": 2e-2, "bf16": 2e-3}  # test_paged.py's: the fp8 paths carry q in ~8 significant bits (hi + lo e4m3)
 
 
 @contextlib.contextmanager
@@ -108,10 +108,8 @@ def check_rows(inp, out, lse, seed):
     assert worst <= ROW_TOL[inp["fmt"]], f"seed {seed}: worst (token, head) row rel_l2 {worst:.2e}"
     finite = torch.isfinite(ref_lse)
     assert torch.equal(torch.isinf(lse.double()), ~finite), f"seed {seed}: LSE -inf where the reference is not"
-    err = (lse.double()[finite] - ref_lse[finite]).abs()
-    lerr = err.max().item() if finite.any() else 0.0
-    lim = lse_limit(True, ref_lse[finite]) if inp["fmt"] == "fp8" else 2e-3  # bf16 KV: test_paged.py's 2e-3
-    assert not finite.any() or bool((err <= lim).all()), f"seed {seed}: LSE off by {lerr:.2e}"
+    lerr = (lse.double()[finite] - ref_lse[finite]).abs().max().item() if finite.any() else 0.0
+    assert lerr <= LSE_TOL[inp["fmt"]], f"seed {seed}: LSE off by {lerr:.2e}"
 
 
 # (lens, heads, q_len, splits, in launch): split grids of <= 66 blocks (132 with their mergers) are
