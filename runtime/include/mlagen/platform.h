@@ -23,6 +23,7 @@
 #endif
 
 #define MLAGEN_DEVICE __device__ __forceinline__
-// A device function kept out of line: one copy of its code, called. For code a block runs once
-// and would otherwise unroll many times over (see formats.cuh quantize_q4).
+// A device function kept out of line: one copy of its code, called. Only where a measurement
+// asked for it (formats.cuh quantize_q4); not a rule: docs/perf.md has an out-of-line move that
+// made kernels slower.
 #define MLAGEN_DEVICE_OUTLINED __device__ __noinline__

@@ -304,8 +304,8 @@ MLAGEN_DEVICE uint2 load_q4_raw(const Params& p, int64_t q_row, int head, int di
 // x / scale rounded to bf16, clamped, rounded to e4m3. Out of line on NVIDIA: a thread stages its
 // q row as 18 such groups once a block; inlined they were 44 KB of code (the generic warpgroup
 // kernel's `_q8` entry 144 KB against the given-q entry's 99 KB) and that entry paid a fixed
-// ~19.5 us over the given-q one under the flush (docs/perf.md, fp8 q); out of line, ~5 us (the
-// pre-pass). (AMD keeps it inline: out of line, the gfx950 generic `_q8` entry calls it with a
+// ~19.5 us over the given-q one under the flush (docs/perf.md, fp8 q); out of line the call pays
+// ~6 us over it at 4x1024 (the pre-pass and the wait for it). (AMD keeps it inline: out of line, the gfx950 generic `_q8` entry calls it with a
 // dynamic stack, scratch not bounded, which make check-amd refuses; its code would drop 95 -> 66 KB.)
 #if defined(MLAGEN_NVIDIA)
 MLAGEN_DEVICE_OUTLINED
