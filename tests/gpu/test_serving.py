@@ -116,9 +116,9 @@ def check(batch, out, lse, q64, seed, what):
         fin = torch.isfinite(ref_lse)
         assert (lse[~fin] == -math.inf).all(), f"seed {seed} {what}: LSE of rows with no key must be -inf"
         err = (lse[fin].double() - ref_lse[fin]).abs()
-        over = err - lse_limit(batch.cache_dtype == "fp8", ref_lse[fin])
         d = err.max().item() if fin.any() else 0.0
-        assert not fin.any() or over.max().item() <= 0, f"seed {seed} {what}: LSE off by {d:.2e} (natural log expected)"
+        assert (err <= lse_limit(batch.cache_dtype == "fp8", ref_lse[fin])).all(), \
+            f"seed {seed} {what}: LSE off by {d:.2e} (natural log expected)"
     return worst
 
 
