@@ -754,6 +754,28 @@ bool fast_text(PyObject* o, c10::string_view* v) {
   return true;
 }
 
+// Runs a parsed call (the GIL released, as the operators run: another thread may call meanwhile) and
+// wraps its output (and LSE); NotImplemented off CUDA (the dispatcher's error).
+PyObject* run_wrapped(const Call& c) {
+  if (c.t[kQ]->device().type() != c10::DeviceType::CUDA) Py_RETURN_NOTIMPLEMENTED;
+  std::tuple<at::Tensor, at::Tensor> res;
+  {
+    pybind11::gil_scoped_release no_gil;
+    res = run(c);
+  }
+  PyObject* out = THPVariable_Wrap(std::move(std::get<0>(res)));
+  if (!c.lse || !out) return out;
+  PyObject* l = THPVariable_Wrap(std::move(std::get<1>(res)));
+  if (!l) {
+    Py_DECREF(out);
+    return nullptr;
+  }
+  PyObject* pair = PyTuple_Pack(2, out, l);
+  Py_DECREF(out);
+  Py_DECREF(l);
+  return pair;
+}
+
 PyObject* fast_decode(PyObject*, PyObject* const* args, Py_ssize_t n) {
   HANDLE_TH_ERRORS
   if (n != kFastArgs) {
@@ -783,31 +805,122 @@ PyObject* fast_decode(PyObject*, PyObject* const* args, Py_ssize_t n) {
   }
   const bool lse = PyObject_IsTrue(args[16]) == 1;
   set_scalars(&c, kv_format, q_dtype, kv_seq_len, sm_scale, q_len, page_size, lse);
-  if (c.t[kQ]->device().type() != c10::DeviceType::CUDA) Py_RETURN_NOTIMPLEMENTED;  // the dispatcher's error
-  std::tuple<at::Tensor, at::Tensor> res;
-  {
-    pybind11::gil_scoped_release no_gil;  // as the operators run: another thread may call meanwhile
-    res = run(c);
-  }
-  PyObject* out = THPVariable_Wrap(std::move(std::get<0>(res)));
-  if (!lse || !out) return out;
-  PyObject* l = THPVariable_Wrap(std::move(std::get<1>(res)));
-  if (!l) {
-    Py_DECREF(out);
+  return run_wrapped(c);
+  END_HANDLE_TH_ERRORS
+}
+
+// ---- the leaderboard's call, config included ------------------------------------------------------
+// decode()'s plain case and the leaderboard entry: (q, kv_data, qo_indptr, kv_indptr, config,
+// kv_format, q_dtype), kv_data the leaderboard's dict or one entry of it, config read through the
+// fields the binding parsed from an equal config last (remember_config). The Python layers between a
+// caller and fast_decode (the entry's unpacking, the config's cache, the shape checks against it)
+// cost ~2 us of host time a call on the H200's host, more than a launch (bench/host.py). NotImplemented
+// wherever the binding has something to say: a config it has not parsed, an entry of another form, a
+// format or q dtype it names an error for, a shape that disagrees with the config (its message names
+// the key), and wherever fast_decode answers it.
+struct ConfigFields {
+  int64_t batch, heads, kv_len, q_len;  // -1: not in the config (kv_len 0: lengths differ)
+  double sm_scale;
+};
+PyObject* g_config = nullptr;  // a copy of the config g_fields are of (the GIL guards both)
+ConfigFields g_fields{};
+
+// (config copy, batch | None, heads | None, kv_len, sm_scale, q_len | None): the binding's parse.
+PyObject* remember_config(PyObject*, PyObject* const* args, Py_ssize_t n) {
+  if (n != 6 || !PyDict_CheckExact(args[0])) {
+    PyErr_SetString(PyExc_TypeError, "mlagen remember_config: (dict, batch, heads, kv_len, sm_scale, q_len)");
     return nullptr;
   }
-  PyObject* pair = PyTuple_Pack(2, out, l);
-  Py_DECREF(out);
-  Py_DECREF(l);
-  return pair;
+  auto opt_int = [](PyObject* o) { return o == Py_None ? int64_t{-1} : static_cast<int64_t>(PyLong_AsLongLong(o)); };
+  ConfigFields f{opt_int(args[1]), opt_int(args[2]), opt_int(args[3]), opt_int(args[5]), PyFloat_AsDouble(args[4])};
+  if (PyErr_Occurred()) return nullptr;
+  Py_INCREF(args[0]);
+  Py_XSETREF(g_config, args[0]);
+  g_fields = f;
+  Py_RETURN_NONE;
+}
+
+bool known(c10::string_view v, const char* const* names, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    if (v == names[i]) return true;
+  return false;
+}
+
+PyObject* fast_call(PyObject*, PyObject* const* args, Py_ssize_t n) {
+  HANDLE_TH_ERRORS
+  if (n != 7) {
+    PyErr_Format(PyExc_TypeError, "mlagen fast call: %zd arguments, expected 7", n);
+    return nullptr;
+  }
+  if (c10::impl::TorchDispatchModeTLS::stack_len() > 0 || at::hasCallbacks()) Py_RETURN_NOTIMPLEMENTED;
+  PyObject* const config = args[4];
+  if (!g_config || !PyDict_CheckExact(config)) Py_RETURN_NOTIMPLEMENTED;
+  if (config != g_config) {
+    const int same = PyObject_RichCompareBool(config, g_config, Py_EQ);
+    if (same != 1) {
+      PyErr_Clear();
+      Py_RETURN_NOTIMPLEMENTED;
+    }
+  }
+  c10::string_view kv_format, q_dtype;
+  static constexpr const char* kQDtypes[] = {"bf16", "fp8"};
+  if (!fast_text(args[5], &kv_format) || !fast_text(args[6], &q_dtype) ||
+      !known(kv_format, kMlagenKvBindings, std::size(kMlagenKvBindings)) || !known(q_dtype, kQDtypes, 2)) {
+    PyErr_Clear();
+    Py_RETURN_NOTIMPLEMENTED;
+  }
+  PyObject* entry = args[1];
+  if (PyDict_CheckExact(entry)) {
+    entry = PyDict_GetItemWithError(entry, args[5]);  // borrowed
+    if (!entry) {
+      PyErr_Clear();
+      Py_RETURN_NOTIMPLEMENTED;
+    }
+  }
+  Call c{};
+  bool ok = false;
+  if (PyTuple_CheckExact(entry) && PyTuple_GET_SIZE(entry) == 2) {
+    ok = fast_tensor(PyTuple_GET_ITEM(entry, 0), &c.t[kKv], false) &&
+         fast_tensor(PyTuple_GET_ITEM(entry, 1), &c.t[kKvScale], true);
+  } else {
+    bool unscaled = false;  // a format without a scale may be its tensor alone
+    for (const MlagenKvFormat& f : kMlagenKvFormats) unscaled |= kv_format == f.binding && f.scale == 0;
+    ok = unscaled && fast_tensor(entry, &c.t[kKv], false);
+  }
+  ok = ok && fast_tensor(args[0], &c.t[kQ], false) && fast_tensor(args[2], &c.t[kQo], false) &&
+       fast_tensor(args[3], &c.t[kKvIndptr], true);
+  const ConfigFields& f = g_fields;
+  if (!ok || (f.batch >= 0 && c.t[kQo]->numel() != f.batch + 1) ||
+      (f.heads >= 0 && c.t[kQ]->dim() == 3 && c.t[kQ]->size(1) != f.heads))
+    Py_RETURN_NOTIMPLEMENTED;  // the binding's checks name it
+  set_scalars(&c, kv_format, q_dtype, f.kv_len, f.sm_scale, f.q_len >= 0 ? f.q_len : 0, 0, false);
+  try {
+    return run_wrapped(c);
+  } catch (const std::exception&) {
+    Py_RETURN_NOTIMPLEMENTED;  // the binding's path raises it again, its message naming the config's key
+  }
   END_HANDLE_TH_ERRORS
 }
 
 PyMethodDef g_fast_def = {"decode", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(fast_decode)),
                           METH_FASTCALL, "mlagen's per-call decode entry (ops.cpp)"};
+PyMethodDef g_call_def = {"call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(fast_call)),
+                          METH_FASTCALL, "mlagen's per-call entry for the leaderboard's call, config included (ops.cpp)"};
+PyMethodDef g_remember_def = {"remember_config",
+                              reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(remember_config)),
+                              METH_FASTCALL, "the fields the binding parsed from a config, for the per-call entry"};
 
 }  // namespace
 
 // The per-call entry as a Python callable (a new reference; call with the GIL held: ctypes.PyDLL).
 MLAGEN_TORCH_API PyObject* mlagen_torch_fast_entry(void) { return PyCFunction_New(&g_fast_def, nullptr); }
+// (the leaderboard call's entry, the config setter) as Python callables, likewise.
+MLAGEN_TORCH_API PyObject* mlagen_torch_call_entries(void) {
+  PyObject* call = PyCFunction_New(&g_call_def, nullptr);
+  PyObject* remember = PyCFunction_New(&g_remember_def, nullptr);
+  PyObject* pair = call && remember ? PyTuple_Pack(2, call, remember) : nullptr;
+  Py_XDECREF(call);
+  Py_XDECREF(remember);
+  return pair;
+}
 #endif

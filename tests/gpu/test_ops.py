@@ -329,6 +329,48 @@ def test_cpp_and_ctypes_paths_name_the_same_field():
         torch.ops.mlagen.decode(q, kv8, scale.double(), qo, kvp, "fp8", "bf16", 512, SM)
 
 
+def test_the_plain_call_takes_the_cpp_entry_and_follows_the_config(monkeypatch):
+    """decode()'s plain call and the leaderboard entry go to the C++ entry with the config (_Native.call)
+    once the binding has read an equal config: the Python layers in between may fail and the calls
+    still run. A config changed in place, a shape that disagrees with the config, an argument the
+    entry does not take: the binding's own path, its result and its message."""
+    if mlagen._call is None:
+        pytest.skip("the C++ operators are not loaded (registration: python)")
+    seed = fresh_seed()
+    inp = make_inputs([1024] * 4, seed)
+    cfg = dict(inp["config"])
+    data = (inp["q"], {"fp8": (inp["kv_fp8"], inp["kv_scale"])}, inp["qo_indptr"], inp["kv_indptr"], cfg)
+    entry = mlagen.leaderboard_entry("fp8")
+
+    def ctypes_path(config):
+        buf = torch.full((4, 16, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+        return mlagen.decode(*data[:4], config, out=buf)
+
+    first = entry(data)  # reads the config (the binding's path)
+    want = ctypes_path(cfg)
+    assert torch.equal(first, want), f"seed {seed}"
+
+    def refuse(*a, **k):
+        raise AssertionError("the plain call went through the Python layers")
+    with monkeypatch.context() as m:
+        m.setattr(mlagen, "_native_call", refuse)
+        m.setattr(mlagen, "_decode_cached", refuse)
+        assert torch.equal(entry(data), want), f"seed {seed}: the entry"
+        assert torch.equal(mlagen.decode(*data), want), f"seed {seed}: decode"
+        assert mlagen.last_kernel()["name"].startswith("mla_decode_sm90a"), mlagen.last_kernel()
+    cfg["sm_scale"] = SM * 0.5  # the same dict, changed in place
+    halved = mlagen.decode(*data)
+    assert torch.equal(halved, ctypes_path(cfg)) and not torch.equal(halved, want), f"seed {seed}: sm_scale"
+    assert torch.equal(entry(data), halved), f"seed {seed}: the entry after the change"
+    qo6 = torch.arange(6, dtype=torch.int32, device="cuda")
+    with pytest.raises(mlagen.MlagenError, match=r"qo_indptr: shape \(6,\): expected \(5,\)"):
+        mlagen.decode(data[0], data[1], qo6, data[3], cfg)
+    with pytest.raises(mlagen.MlagenError, match="num_heads"):
+        mlagen.decode(data[0][:, :8], data[1], data[2], data[3], cfg)
+    with pytest.raises(mlagen.MlagenError, match="kv_data"):
+        mlagen.decode(data[0], {"bf16": inp["kv_bf16"]}, data[2], data[3], cfg)
+
+
 def test_op_scratch_first_made_inside_a_capture():
     """A queue's first call inside a CUDA graph capture gets scratch of its own (zeroed by the
     replays); an eager call on that queue afterwards gets its own too, and both give the eager

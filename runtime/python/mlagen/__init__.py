@@ -198,6 +198,7 @@ _Args = _lib.Args
 _plans: dict = {}  # everything a plan validated (tensor metadata, format, options, config) -> Plan
 _last_plan = None  # the plan of the last decode() run through ctypes here
 _native = None  # the C++ operators (ops.py sets it where libmlagen_torch.so is loaded), else None
+_call = None  # their entry for the leaderboard's call, config included (_Native.call), else None
 
 
 SPLIT_MERGE = {"combine": 0, "in_launch": 1}  # mlagen.h mlagen_split_merge
@@ -378,6 +379,8 @@ def _native_call(q, kv_data, qo_indptr, kv_indptr, config, kv_format, q_dtype, q
             except KeyError:
                 fields = _config_fields(config)
             _last_config = (dict(config), fields)
+            if _native.remember_config is not None:  # the C++ entry reads an equal config through these
+                _native.remember_config(_last_config[0], *fields)
         batch, heads, kv_len, sm_scale, config_q_len = fields
         if batch is not None and qo_indptr.numel() != batch + 1:
             raise MlagenError(1, f"qo_indptr: shape {tuple(qo_indptr.shape)}: expected ({batch + 1},) "
@@ -622,6 +625,10 @@ def leaderboard_entry(kv_format: str = "fastest", q_dtype: str = "bf16", *, nati
             if last is None or last not in kv_data or (last != order[0] and order[0] in kv_data):
                 last = next((f for f in order if f in kv_data), "fp8")
             fmt = last
+        if _call is not None and not ctypes_only:  # the C++ entry, config included
+            out = _call(q, kv_data, qo_indptr, kv_indptr, config, fmt, q_dtype)
+            if out is not NotImplemented:
+                return out
         out = cached(q, kv_data, qo_indptr, kv_indptr, config, fmt, q_dtype)
         return out if out is not None else full(q, kv_data, qo_indptr, kv_indptr, config, kv_format=fmt,
                                                 q_dtype=q_dtype)
@@ -669,6 +676,12 @@ def decode(q, kv_data, qo_indptr, kv_indptr, config: dict, *, kv_format: str = "
     torch's current queue of the tensors' device (the ctypes way: where `_launch.handle` points
     them), with that device made current.
     """
+    if _call is not None and out is None and q_scale is None and q_len is None and kernel is None and not (
+            force_generic or splits or return_lse or page_size or page_table is not None or kv_lens is not None
+            or kv_indices is not None or kv_last_page_len is not None):
+        res = _call(q, kv_data, qo_indptr, kv_indptr, config, kv_format, q_dtype)  # the plain call, in C++
+        if res is not NotImplemented:
+            return res
     if _native is not None and out is None and not force_generic and not splits and kernel is None:
         paged = None
         if page_size or page_table is not None or kv_indices is not None or kv_lens is not None or \

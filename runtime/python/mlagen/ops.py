@@ -101,6 +101,14 @@ class _Native:
             entry = ctypes.PyDLL(path).mlagen_torch_fast_entry  # PyDLL: called with the GIL held
             entry.restype, entry.argtypes = ctypes.py_object, []
             self.fast = entry()
+        # the leaderboard call's entry, config included: (q, kv_data, qo_indptr, kv_indptr, config,
+        # kv_format, q_dtype) through the fields remember_config(config copy, *fields) was given for an
+        # equal config; NotImplemented wherever the binding has a check or a message of its own
+        self.call = self.remember_config = None
+        if hasattr(h, "mlagen_torch_call_entries"):
+            entries = ctypes.PyDLL(path).mlagen_torch_call_entries
+            entries.restype, entries.argtypes = ctypes.py_object, []
+            self.call, self.remember_config = entries()
         self._infos: dict = {}
 
     def last_kernel(self) -> dict | None:
@@ -222,6 +230,7 @@ def _register():
     if done == "native":
         NATIVE_PATH = torch.ops.mlagen._mlagen_native_path
         package._native = _Native(NATIVE_PATH)
+        package._call = package._native.call
 
 
 _register()
