@@ -894,6 +894,12 @@ PyObject* fast_call(PyObject*, PyObject* const* args, Py_ssize_t n) {
       (f.heads >= 0 && c.t[kQ]->dim() == 3 && c.t[kQ]->size(1) != f.heads))
     Py_RETURN_NOTIMPLEMENTED;  // the binding's checks name it
   set_scalars(&c, kv_format, q_dtype, f.kv_len, f.sm_scale, f.q_len >= 0 ? f.q_len : 0, 0, false);
+  // the KV tensors are the dict's: held while the call runs without the GIL (another thread may
+  // change the dict meanwhile)
+  struct Hold {
+    PyObject* o;
+    ~Hold() { Py_DECREF(o); }
+  } hold{(Py_INCREF(entry), entry)};
   try {
     return run_wrapped(c);
   } catch (const std::exception&) {
