@@ -188,9 +188,11 @@ int32_t kv_format_of(c10::string_view f) {
   invalid("kv_format='" + std::string(f.data(), f.size()) + "': expected one of " MLAGEN_KV_BINDINGS_TEXT);
 }
 
+constexpr const char* kQDtypes[] = {"bf16", "fp8"};  // q_dtype: its index is Call::q_fp8
+
 int32_t q_fp8_of(c10::string_view q) {
-  if (q == "bf16") return 0;
-  if (q == "fp8") return 1;
+  if (q == kQDtypes[0]) return 0;
+  if (q == kQDtypes[1]) return 1;
   invalid("q_dtype='" + std::string(q.data(), q.size()) + "': expected 'bf16' or 'fp8'");
 }
 
@@ -814,7 +816,8 @@ PyObject* fast_decode(PyObject*, PyObject* const* args, Py_ssize_t n) {
 // kv_format, q_dtype), kv_data the leaderboard's dict or one entry of it, config read through the
 // fields the binding parsed from an equal config last (remember_config). The Python layers between a
 // caller and fast_decode (the entry's unpacking, the config's cache, the shape checks against it)
-// cost ~2 us of host time a call on the H200's host, more than a launch (bench/host.py). NotImplemented
+// cost ~2 us of host time a call on the H200's host, half a launch (docs/perf.md, the serving
+// matrix's host bullet). NotImplemented
 // wherever the binding has something to say: a config it has not parsed, an entry of another form, a
 // format or q dtype it names an error for, a shape that disagrees with the config (its message names
 // the key), and wherever fast_decode answers it.
@@ -863,9 +866,8 @@ PyObject* fast_call(PyObject*, PyObject* const* args, Py_ssize_t n) {
     }
   }
   c10::string_view kv_format, q_dtype;
-  static constexpr const char* kQDtypes[] = {"bf16", "fp8"};
   if (!fast_text(args[5], &kv_format) || !fast_text(args[6], &q_dtype) ||
-      !known(kv_format, kMlagenKvBindings, std::size(kMlagenKvBindings)) || !known(q_dtype, kQDtypes, 2)) {
+      !known(kv_format, kMlagenKvBindings, std::size(kMlagenKvBindings)) || !known(q_dtype, kQDtypes, std::size(kQDtypes))) {
     PyErr_Clear();
     Py_RETURN_NOTIMPLEMENTED;
   }

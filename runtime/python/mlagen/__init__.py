@@ -676,17 +676,15 @@ def decode(q, kv_data, qo_indptr, kv_indptr, config: dict, *, kv_format: str = "
     torch's current queue of the tensors' device (the ctypes way: where `_launch.handle` points
     them), with that device made current.
     """
-    if _call is not None and out is None and q_scale is None and q_len is None and kernel is None and not (
-            force_generic or splits or return_lse or page_size or page_table is not None or kv_lens is not None
-            or kv_indices is not None or kv_last_page_len is not None):
-        res = _call(q, kv_data, qo_indptr, kv_indptr, config, kv_format, q_dtype)  # the plain call, in C++
-        if res is not NotImplemented:
-            return res
     if _native is not None and out is None and not force_generic and not splits and kernel is None:
         paged = None
         if page_size or page_table is not None or kv_indices is not None or kv_lens is not None or \
                 kv_last_page_len is not None:
             paged = (page_table, kv_lens, page_size, kv_indices, kv_last_page_len)
+        elif _call is not None and q_scale is None and q_len is None and not return_lse:
+            res = _call(q, kv_data, qo_indptr, kv_indptr, config, kv_format, q_dtype)  # the plain call, in C++
+            if res is not NotImplemented:
+                return res
         res = _native_call(q, kv_data, qo_indptr, kv_indptr, config, kv_format, q_dtype, q_scale, q_len, paged,
                            return_lse)
         if res is not None:
