@@ -52,6 +52,12 @@ struct KvTraits<KvFormat::kMxfp4> {
   static constexpr int kRowDataBytes = kMxRowBytes;  // 288
 };
 
+// A format the sm90a rows body reads through registers and expands into its bf16 tile
+// (mla_decode_sm90_rows.cuh, RowsKv's primary template): `Block` loads one block of a token's
+// dims and expands it (below, beside the format's other steps). Defined for such formats only.
+template <KvFormat F>
+struct KvRowsExpand;
+
 // E8M0 byte b -> 2^(b-127); b = 255 is NaN, b = 0 is 2^-127 (an fp32 subnormal).
 MLAGEN_DEVICE float e8m0_to_float(uint32_t b) {
   return b == 255u ? __int_as_float(0x7fc00000) : (b == 0u ? __uint_as_float(0x00400000u) : __uint_as_float(b << 23));
@@ -172,6 +178,40 @@ MLAGEN_DEVICE void mxfp4_stage_to_bf16(const uint8_t* stage, int scale_off, int6
     for (int k = 0; k < 4; ++k) dst[k] = make_uint4(o[4 * k], o[4 * k + 1], o[4 * k + 2], o[4 * k + 3]);
   }
 }
+
+// One scale block of a token as the sm90a rows body reads mxfp4 (its expanded policy,
+// mla_decode_sm90_rows.cuh): the block's 16 packed bytes and its E8M0 byte, loaded from global
+// memory into registers a tile ahead, then expanded to 32 bf16 values (exact, as
+// mxfp4_stage_to_bf16) straight into the bf16 tile. A row past the end loads nothing and expands
+// to zeros, so a masked token never feeds a NaN into P*V.
+struct MxBf16Block {
+  static constexpr int kDims = kMxBlock;     // dims a block (64 bytes of bf16)
+  static constexpr int kBlocks = kMxBlocks;  // blocks a token
+  static constexpr uint32_t kDead = 0x100u;  // `scale` of a row past the end (not a byte)
+  uint4 packed;
+  uint32_t scale;  // the E8M0 byte, or kDead
+  template <class Rows>
+  MLAGEN_DEVICE void load(const Params& p, const Rows& rows, int t, bool live, int blk, bool& bad) {
+    scale = kDead;
+    if (!live) return;
+    const int64_t row = rows.row(t, bad);
+    packed = reinterpret_cast<const uint4*>(p.kv + row * p.kv_stride_bytes)[blk];
+    scale = p.kv_scales[row * p.kv_scales_stride + blk];
+  }
+  // dims 8 k .. 8 k + 7 of the block (k < 4) as 4 bf16x2 words
+  MLAGEN_DEVICE void expand8(int k, uint32_t (&o)[4]) const {
+    if (scale == kDead) {
+      o[0] = o[1] = o[2] = o[3] = 0u;
+      return;
+    }
+    const uint32_t w = k == 0 ? packed.x : k == 1 ? packed.y : k == 2 ? packed.z : packed.w;
+    mxfp4x8_to_bf16(w, e8m0_to_float(scale), o);
+  }
+};
+template <>
+struct KvRowsExpand<KvFormat::kMxfp4> {
+  using Block = MxBf16Block;
+};
 
 // ---- the query ----------------------------------------------------------------------------
 // bf16 q is used as given. fp8 q is the arch's flavour with a per-tensor scale, either given

@@ -1,7 +1,8 @@
-// MLA decode, fp8 or bf16 KV on sm_90a, 32 or 64 query rows a block: the rows kernel (issue 18,
-// docs/design-rows-as-m.md). For 32..128 rows a sequence (128, 64 or 32 heads, 16 heads x 4 or
-// x 2 tokens), where the 16-row warpgroup kernel (mla_decode_sm90_wgmma.cuh) runs its whole
-// per-tile chain once per 16 rows and stays latency-bound (128 heads at 64x8192: 471 us, 0.49x
+// MLA decode, fp8 or bf16 KV (and mxfp4, expanded to bf16) on sm_90a, 32 or 64 query rows a
+// block: the rows kernel (issue 18, docs/design-rows-as-m.md). For 32..128 rows a sequence
+// (128, 64 or 32 heads, 16 heads x 4 or x 2 tokens), where the 16-row warpgroup kernel
+// (mla_decode_sm90_wgmma.cuh) runs its whole per-tile chain once per 16 rows and stays
+// latency-bound (128 heads at 64x8192: 471 us, 0.49x
 // FlashMLA, the tensor cores ~30% busy; two row groups sharing tiles changed nothing).
 //
 // Block = three warpgroups, R = 64 (or 32) query rows, tiles of 64 tokens (the 16-row kernel's
@@ -26,7 +27,9 @@
 // bf16 KV (RowsKv<kBf16>) keeps the tile as stored, 72 KB a stage: S^T in bf16 wgmma m64nRk16
 // (A = the tile, B = q as bf16, N = R), P^T bf16, O^T += V^T P^T with A = V^T read from the same
 // tile through the descriptor's transpose bit (no conversion, no register A); 2 stages, each
-// tile's P^T in its own rope atom (free once S read it) instead of P slots of its own.
+// tile's P^T in its own rope atom (free once S read it) instead of P slots of its own. A format
+// with scales per block (mxfp4) is expanded into that bf16 tile on the way in (RowsKv's primary
+// template), and from there is the bf16 policy.
 //
 // Handoff through mbarriers: full[slot] (group 0 wrote tile i's P and factors) and empty[slot]
 // (the O groups are done with tile i and its P slot); tile i uses slot i % 2, phase i / 2.
@@ -95,6 +98,7 @@ struct RowsKv<KvFormat::kFp8, kStages> {
   static constexpr bool q_split(QFormat q) { return q == QFormat::kBf16; }
   static constexpr bool kPInTile = false;  // P^T has two slots of its own
   static constexpr uint32_t kPTileOffset = 0, kPTileBytes = 0;
+  static constexpr bool kExpands = false;  // copied as stored (bulk tensor copy, or cp.async)
   // what one O group brings: two atoms (its V dims) and one rope box (half the rows)
   static constexpr uint32_t kGroupBytes = 2 * Tile::kAtom128Bytes + KvMapsAbi::kRopeBoxRows * KvMapsAbi::kRopeBoxBytes;
   MLAGEN_DEVICE static constexpr uint32_t group_bytes(int) { return kGroupBytes; }
@@ -104,6 +108,7 @@ struct RowsKv<KvFormat::kFp8, kStages> {
 
   // O group oc's share of a tile's copies, thread wt of the group.
   struct Copy {
+    struct Pre {};  // (nothing loaded ahead: see the expanded policy)
     int c8, rm, c4, rr;
     uint32_t dst_main, dst_rope;
     int a0, rope0;  // the group's first atom, rope row
@@ -239,6 +244,7 @@ struct RowsKv<KvFormat::kBf16, kStages> {
   static constexpr int kRopeAtom = Tile::kAtoms - 1;  // atoms 0..7: V; atom 8: the rope dims
   static constexpr bool kPInTile = true;  // a tile's P^T: in its rope atom, from S's end to O's
   static constexpr uint32_t kPTileOffset = kRopeAtom * Tile::kAtomBytes, kPTileBytes = Tile::kAtomBytes;
+  static constexpr bool kExpands = false;  // copied as stored
   // what one O group brings: its four V atoms; group 1 (oc 0) also the rope atom (two boxes of 32 rows)
   MLAGEN_DEVICE static constexpr uint32_t group_bytes(int oc) {
     return 4 * Tile::kAtomBytes + (oc == 0 ? 2 * KvMapsAbi::kRopeBoxRows * KvMapsAbi::kRopeBoxBytesBf16 : 0);
@@ -248,6 +254,7 @@ struct RowsKv<KvFormat::kBf16, kStages> {
                 "a tile's boxes");
 
   struct Copy {
+    struct Pre {};
     int oc, c8, rm;
     uint32_t dst_main;
     MLAGEN_DEVICE Copy(int oc_, int wt)
@@ -350,6 +357,74 @@ struct RowsKv<KvFormat::kBf16, kStages> {
   };
 };
 
+// Any other format (formats.cuh KvRowsExpand: mxfp4): expanded into the bf16 policy's tile, whose
+// q staging, S^T chain, P and O^T step it takes as they are; only the copies differ. A packed row
+// has no tensor-map layout and its values need their scales on the way in, so each O thread loads
+// its blocks (16 packed bytes and a scale byte: 32 dims) of tile j into registers right after it
+// stored tile j - 1, lets them fly through O(j - ST + 1), and once its group is done with the
+// slot's tile j - ST expands them to bf16 in place of the bulk tensor copy: the same swizzled
+// atoms, the same kv_full arrival, no staging memory (32 rows a block: at 64 the registers held
+// ahead beside 128 accumulators spilled, codegen/spec.py ROWS_TILES). Group oc: the 8 blocks of its V dims for rows wt / 8 + 16 i (i < 4; 8 neighbouring
+// threads read a row's 128 bytes); group 1 (oc 0) also the rope's 2 blocks of row wt / 2, after
+// the slot's P is free (wait_p). Expansion is exact (every E2M1 value times a power of two is a
+// bf16), so this body computes on exactly the bf16 tile of the dequantized rows.
+template <KvFormat kKv, int kStages>
+struct RowsKv : RowsKv<KvFormat::kBf16, kStages> {
+  using Bf16 = RowsKv<KvFormat::kBf16, kStages>;
+  using Tile = typename Bf16::Tile;
+  using Block = typename KvRowsExpand<kKv>::Block;
+  static constexpr bool kExpands = true;
+  static constexpr int kBlockBytes = 2 * Block::kDims;                   // a block's bf16 bytes: 64
+  static constexpr int kVBlocks = 2 * kVDim / kBlockBytes;               // 16
+  static constexpr int kGroupBlocks = kVBlocks / 2;                      // an O group's V blocks a row: 8
+  static constexpr int kRopeBlocks = Block::kBlocks - kVBlocks;          // 2
+  static constexpr int kVChunks = Tile::kBlockN * kGroupBlocks / 128;    // a thread's V blocks a tile: 4
+  static_assert(Block::kBlocks * Block::kDims == kQkDim && 2 * kBlockBytes == 128 && kVChunks == 4 &&
+                    kRopeBlocks * Tile::kBlockN == 128 && Bf16::kRopeAtom == kVBlocks / 2,
+                "the expanded blocks tile the bf16 atoms: two blocks a 128-byte atom row");
+
+  struct Copy {
+    // tile j's blocks of this thread, loaded a tile ahead (rope: group 1 only)
+    struct Pre {
+      Block v[kVChunks], rope;
+    };
+    int oc, wt, rot;
+    MLAGEN_DEVICE Copy(int oc_, int wt_) : oc(oc_), wt(wt_), rot((wt_ / 2) % 4) {}
+    template <class Rows>
+    MLAGEN_DEVICE void load(Pre& pre, const Params& p, const Rows& kv, int tok0, int rows_left, bool& page_bad) const {
+#pragma unroll
+      for (int i = 0; i < kVChunks; ++i) {
+        const int r = wt / 8 + 16 * i;
+        pre.v[i].load(p, kv, tok0 + r, r < rows_left, kGroupBlocks * oc + wt % 8, page_bad);
+      }
+      if (oc == 0) pre.rope.load(p, kv, tok0 + wt / 2, wt / 2 < rows_left, kVBlocks + wt % 2, page_bad);
+    }
+    // Block b of row r as 4 swizzled 16-byte chunks of atom b / 2 (chunks 4 (b % 2) ..), in the
+    // order k + rot: the 8 threads of a quarter warp store 8 distinct chunk positions at once.
+    MLAGEN_DEVICE void put(uint32_t dst, const Block& blk, int r, int b) const {
+      const uint32_t row = dst + (b / 2) * Tile::kAtomBytes + (r / 8) * 1024 + (r % 8) * 128;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int kk = (k + rot) % 4;
+        uint32_t o[4];
+        blk.expand8(kk, o);
+        sm90::sts128(row + (((4 * (b % 2) + kk) ^ (r % 8)) * 16), make_uint4(o[0], o[1], o[2], o[3]));
+      }
+    }
+    // The loaded tile into the slot at dst: the group's V atoms (its warps are done with them),
+    // then, group 1, the rope atom once both groups are done with the slot's P (wait_p).
+    template <class WaitP>
+    MLAGEN_DEVICE void store(uint32_t dst, const Pre& pre, WaitP&& wait_p) const {
+#pragma unroll
+      for (int i = 0; i < kVChunks; ++i) put(dst, pre.v[i], wt / 8 + 16 * i, kGroupBlocks * oc + wt % 8);
+      if (oc == 0) {
+        wait_p();
+        put(dst, pre.rope, wt / 2, kVBlocks + wt % 2);
+      }
+    }
+  };
+};
+
 template <int kStages_, QFormat kQ_, int kRows_, KvFormat kKv_ = KvFormat::kFp8>
 struct RowsLayout {
   static_assert(kRows_ == 32 || kRows_ == 64, "the rows body takes 32 or 64 query rows a block");
@@ -389,10 +464,12 @@ struct RowsLayout {
   }
 };
 
-// The rows body's tiling (codegen/spec.py block_m 32 or 64, ROWS_BODY): fp8 or bf16 KV.
+// The rows body's tiling (codegen/spec.py block_m 32 or 64, ROWS_BODY): fp8 or bf16 KV, or an
+// expanded format.
 template <int kStages_, QFormat kQ_, int kRows_, KvFormat kKv_ = KvFormat::kFp8>
 struct RowsTiling {
-  static_assert(kKv_ == KvFormat::kFp8 || kKv_ == KvFormat::kBf16, "the rows body: fp8 or bf16 KV");
+  static_assert(kKv_ == KvFormat::kFp8 || kKv_ == KvFormat::kBf16 || RowsKv<kKv_, kStages_>::kExpands,
+                "the rows body: fp8 or bf16 KV as stored, or a format it expands into the bf16 tile");
   using L = RowsLayout<kStages_, kQ_, kRows_, kKv_>;
   static constexpr KvFormat kKv = kKv_;
   static constexpr QFormat kQ = kQ_;
@@ -458,8 +535,16 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
   // shorter than a tile) goes row by row by cp.async, zero-filled past the end, each thread
   // arriving when its copies land. Either way kv_full[slot] completes with 256 arrivals once the
   // tile is in.
+  // A format the body expands (F::kExpands) is read into registers instead: each O thread loads
+  // its share of tile j a tile ahead (load_tile: into `pre`) and issue_tile writes it, expanded,
+  // into the slot, then arrives.
   const int oc = grp - 1;
   const typename F::Copy copy(oc, wt);
+  typename F::Copy::Pre pre;
+  auto load_tile = [&](int j) {
+    if constexpr (F::kExpands)
+      if (j < ntiles) copy.load(pre, p, blk.rows, tok_begin + j * BN, tok_end - tok_begin - j * BN, page_bad);
+  };
   auto issue_tile = [&](int j) {
     if (j >= ntiles) return;
     const int tok0 = tok_begin + j * BN, rows_left = tok_end - tok0;
@@ -468,7 +553,11 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
     auto wait_p = [&] {
       if (j >= ST) mbarrier_wait(empty(j % ST), ((j - ST) / ST) & 1);
     };
-    if (rows_left >= BN && blk.rows.template tile_contiguous<BN>()) {  // (uniform)
+    if constexpr (F::kExpands) {
+      copy.store(dst, pre, wait_p);
+      fence_proxy_async_smem();  // the expanded tile's generic-proxy stores, before the wgmmas read it
+      mbarrier_arrive(bar);
+    } else if (rows_left >= BN && blk.rows.template tile_contiguous<BN>()) {  // (uniform)
       if (wt == 0) {
         const int y = static_cast<int>(blk.rows.row(tok0, page_bad));
         mbarrier_arrive_expect_tx(bar, F::group_bytes(oc));
@@ -491,7 +580,7 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
   };
   if (grp > 0)
 #pragma unroll
-    for (int j = 0; j < ST; ++j) issue_tile(j);
+    for (int j = 0; j < ST; ++j) load_tile(j), issue_tile(j);
 
   // ---- Q, once, by all three groups: rows 16 pass + tid / 8 (pass 0..1 covers 48 rows a pass)
   const QQuant qq = q_setup<T::kQ>(p, blk.q_given);
@@ -647,6 +736,7 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
 #pragma unroll
       for (int i = 0; i < R / 2; ++i) o[mb][i] = 0.f;
     const typename F::template OStep<R, L::kPLbo> o_step(oc, w, g, t);
+    load_tile(ST);  // (expanded formats: tile ST's blocks fly while O(0) runs)
     for (int it = 0; it < ntiles; ++it) {
       mbarrier_wait(full(it % PS), (it / PS) & 1);
       const uint32_t tile = s_base + (it % ST) * Tile::kStageBytes;
@@ -674,6 +764,7 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
         // (racecheck; the wgmmas the loads fed do not order them for the memory model)
         named_barrier(2 + oc, 128);
         issue_tile(it + ST);
+        load_tile(it + ST + 1);
       }
     }
     mbarrier_wait(sums_ready, 0);  // group 0's sums (and any_bad_page: see group 0's epilogue)
