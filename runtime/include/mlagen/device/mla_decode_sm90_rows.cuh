@@ -99,6 +99,7 @@ struct RowsKv<KvFormat::kFp8, kStages> {
   static constexpr bool kPInTile = false;  // P^T has two slots of its own
   static constexpr uint32_t kPTileOffset = 0, kPTileBytes = 0;
   static constexpr bool kExpands = false;  // copied as stored (bulk tensor copy, or cp.async)
+  static constexpr int kTableBytes = 0;     // (the expanded policy's tables)
   // what one O group brings: two atoms (its V dims) and one rope box (half the rows)
   static constexpr uint32_t kGroupBytes = 2 * Tile::kAtom128Bytes + KvMapsAbi::kRopeBoxRows * KvMapsAbi::kRopeBoxBytes;
   MLAGEN_DEVICE static constexpr uint32_t group_bytes(int) { return kGroupBytes; }
@@ -245,6 +246,7 @@ struct RowsKv<KvFormat::kBf16, kStages> {
   static constexpr bool kPInTile = true;  // a tile's P^T: in its rope atom, from S's end to O's
   static constexpr uint32_t kPTileOffset = kRopeAtom * Tile::kAtomBytes, kPTileBytes = Tile::kAtomBytes;
   static constexpr bool kExpands = false;  // copied as stored
+  static constexpr int kTableBytes = 0;
   // what one O group brings: its four V atoms; group 1 (oc 0) also the rope atom (two boxes of 32 rows)
   MLAGEN_DEVICE static constexpr uint32_t group_bytes(int oc) {
     return 4 * Tile::kAtomBytes + (oc == 0 ? 2 * KvMapsAbi::kRopeBoxRows * KvMapsAbi::kRopeBoxBytesBf16 : 0);
@@ -374,6 +376,7 @@ struct RowsKv : RowsKv<KvFormat::kBf16, kStages> {
   using Tile = typename Bf16::Tile;
   using Block = typename KvRowsExpand<kKv>::Block;
   static constexpr bool kExpands = true;
+  static constexpr int kTableBytes = Block::kTableBytes;  // the expansion's tables (Block::build_tables)
   static constexpr int kBlockBytes = 2 * Block::kDims;                   // a block's bf16 bytes: 64
   static constexpr int kVBlocks = 2 * kVDim / kBlockBytes;               // 16
   static constexpr int kGroupBlocks = kVBlocks / 2;                      // an O group's V blocks a row: 8
@@ -401,25 +404,26 @@ struct RowsKv : RowsKv<KvFormat::kBf16, kStages> {
     }
     // Block b of row r as 4 swizzled 16-byte chunks of atom b / 2 (chunks 4 (b % 2) ..), in the
     // order k + rot: the 8 threads of a quarter warp store 8 distinct chunk positions at once.
-    MLAGEN_DEVICE void put(uint32_t dst, const Block& blk, int r, int b) const {
+    MLAGEN_DEVICE void put(uint32_t dst, uint32_t tables, const Block& blk, int r, int b) const {
       const uint32_t row = dst + (b / 2) * Tile::kAtomBytes + (r / 8) * 1024 + (r % 8) * 128;
+      const uint4 tab = blk.table(tables);
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const int kk = (k + rot) % 4;
         uint32_t o[4];
-        blk.expand8(kk, o);
+        blk.expand8(kk, tab, o);
         sm90::sts128(row + (((4 * (b % 2) + kk) ^ (r % 8)) * 16), make_uint4(o[0], o[1], o[2], o[3]));
       }
     }
     // The loaded tile into the slot at dst: the group's V atoms (its warps are done with them),
     // then, group 1, the rope atom once both groups are done with the slot's P (wait_p).
     template <class WaitP>
-    MLAGEN_DEVICE void store(uint32_t dst, const Pre& pre, WaitP&& wait_p) const {
+    MLAGEN_DEVICE void store(uint32_t dst, uint32_t tables, const Pre& pre, WaitP&& wait_p) const {
 #pragma unroll
-      for (int i = 0; i < kVChunks; ++i) put(dst, pre.v[i], wt / 8 + 16 * i, kGroupBlocks * oc + wt % 8);
+      for (int i = 0; i < kVChunks; ++i) put(dst, tables, pre.v[i], wt / 8 + 16 * i, kGroupBlocks * oc + wt % 8);
       if (oc == 0) {
         wait_p();
-        put(dst, pre.rope, wt / 2, kVBlocks + wt % 2);
+        put(dst, tables, pre.rope, wt / 2, kVBlocks + wt % 2);
       }
     }
   };
@@ -449,7 +453,8 @@ struct RowsLayout {
   static constexpr int kLOffset = kEndOffset + kRows * 4;             // [64] final sums
   static constexpr int kFlagOffset = kLOffset + kRows * 4;            // [2] whether a tile rescaled, [2] a bad page id
   static constexpr int kBarOffset = kFlagOffset + 4 * 4;              // full[2], empty[2], sums_ready, kv[stages]
-  static constexpr int kSmemBytes = kBarOffset + (5 + kStages) * 8 + Tile::kAlign;
+  static constexpr int kTablesOffset = (kBarOffset + (5 + kStages) * 8 + 15) / 16 * 16;  // F::kTableBytes (or none)
+  static constexpr int kSmemBytes = kTablesOffset + F::kTableBytes + Tile::kAlign;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory over sm_90's 227 KB a block");
   // setmaxnreg moves registers within the block's launch allocation (ptxas: 65536 / 384 threads,
   // rounded down to 8: 168 a thread); the warpgroups' counts after it must fit in it, or an O
@@ -525,7 +530,8 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
     *any_bad_page = 0;
     fence_mbarrier_init();
   }
-  __syncthreads();  // the barriers' init, before the first copies arrive on them
+  if constexpr (F::kExpands) F::Block::build_tables(s_base + L::kTablesOffset, tid, L::kThreads);
+  __syncthreads();  // the barriers' init (and the expansion's tables), before the first copies
 
   // ---- the copies. O group oc copies what it alone reads, V dims 256 oc .. + 255, and half the
   // rope rows (32 oc .. + 31), which S read (F::Copy: which atoms and boxes); as soon as its O(j)
@@ -554,7 +560,7 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
       if (j >= ST) mbarrier_wait(empty(j % ST), ((j - ST) / ST) & 1);
     };
     if constexpr (F::kExpands) {
-      copy.store(dst, pre, wait_p);
+      copy.store(dst, s_base + L::kTablesOffset, pre, wait_p);
       fence_proxy_async_smem();  // the expanded tile's generic-proxy stores, before the wgmmas read it
       mbarrier_arrive(bar);
     } else if (rows_left >= BN && blk.rows.template tile_contiguous<BN>()) {  // (uniform)
