@@ -10,7 +10,7 @@ export MLAGEN_COMMIT=$(cat .commit 2>/dev/null || echo unknown) PYTHONUNBUFFERED
 t0=$SECONDS
 make build JOBS=16 > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 echo "built in $((SECONDS - t0)) s"
-timeout 150 python3 -m pytest -q -x tests/gpu/test_rows.py -k mxfp4_rows tests/gpu/test_ops.py -k "paged_call or plain_call" \
+timeout 150 python3 -m pytest -q -x tests/gpu/test_rows.py tests/gpu/test_ops.py -k "mxfp4_rows or paged_call or plain_call" \
   2>&1 | tail -8 | tee "$OUT/new_tests.log"
 MLAGEN_REQUIRE_GPU=1 timeout 220 python3 -m pytest -q tests/gpu > "$OUT/pytest.log" 2>&1; tail -3 "$OUT/pytest.log"
 grep -E "FAILED|Error" "$OUT/pytest.log" | head -20
