@@ -546,12 +546,14 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
   // into the slot, then arrives.
   const int oc = grp - 1;
   const typename F::Copy copy(oc, wt);
-  typename F::Copy::Pre pre;
-  auto load_tile = [&](int j) {
+  using Pre = typename F::Copy::Pre;
+  Pre pre;
+  auto load_into = [&](Pre& into, int j) {
     if constexpr (F::kExpands)
-      if (j < ntiles) copy.load(pre, p, blk.rows, tok_begin + j * BN, tok_end - tok_begin - j * BN, page_bad);
+      if (j < ntiles) copy.load(into, p, blk.rows, tok_begin + j * BN, tok_end - tok_begin - j * BN, page_bad);
   };
-  auto issue_tile = [&](int j) {
+  auto load_tile = [&](int j) { load_into(pre, j); };
+  auto issue_tile = [&](int j, const Pre& from) {
     if (j >= ntiles) return;
     const int tok0 = tok_begin + j * BN, rows_left = tok_end - tok0;
     const uint32_t dst = s_base + (j % ST) * Tile::kStageBytes, bar = kv_full(j % ST);
@@ -560,7 +562,7 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
       if (j >= ST) mbarrier_wait(empty(j % ST), ((j - ST) / ST) & 1);
     };
     if constexpr (F::kExpands) {
-      copy.store(dst, s_base + L::kTablesOffset, pre, wait_p);
+      copy.store(dst, s_base + L::kTablesOffset, from, wait_p);
       fence_proxy_async_smem();  // the expanded tile's generic-proxy stores, before the wgmmas read it
       mbarrier_arrive(bar);
     } else if (rows_left >= BN && blk.rows.template tile_contiguous<BN>()) {  // (uniform)
@@ -584,9 +586,13 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
       cp_async_mbarrier_arrive_noinc(bar);
     }
   };
-  if (grp > 0)
+  if (grp > 0) {  // (expanded formats: the first tiles' loads all in flight before the first expansion waits)
+    Pre first[ST];
 #pragma unroll
-    for (int j = 0; j < ST; ++j) load_tile(j), issue_tile(j);
+    for (int j = 0; j < ST; ++j) load_into(first[j], j);
+#pragma unroll
+    for (int j = 0; j < ST; ++j) issue_tile(j, first[j]);
+  }
 
   // ---- Q, once, by all three groups: rows 16 pass + tid / 8 (pass 0..1 covers 48 rows a pass)
   const QQuant qq = q_setup<T::kQ>(p, blk.q_given);
@@ -769,7 +775,7 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
         // dims; each copies a quarter of the rows): the copies go out after all four warps' loads
         // (racecheck; the wgmmas the loads fed do not order them for the memory model)
         named_barrier(2 + oc, 128);
-        issue_tile(it + ST);
+        issue_tile(it + ST, pre);
         load_tile(it + ST + 1);
       }
     }
