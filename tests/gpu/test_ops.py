@@ -1,6 +1,7 @@
 """GPU tests of torch.ops.mlagen.decode (runtime/python/mlagen/ops.py): torch.library.opcheck,
 the op's output equal to mlagen.decode's, torch.compile(fullgraph=True), CUDA graph capture.
 Fresh random inputs each test; outputs compared bit for bit with the eager binding."""
+import contextlib
 import random
 
 import pytest
@@ -329,6 +330,17 @@ def test_cpp_and_ctypes_paths_name_the_same_field():
         torch.ops.mlagen.decode(q, kv8, scale.double(), qo, kvp, "fp8", "bf16", 512, SM)
 
 
+@contextlib.contextmanager
+def _python_layers_refused(monkeypatch, what):
+    """The binding's Python layers between a call and the C++ entry, patched to fail."""
+    def refuse(*a, **k):
+        raise AssertionError(f"{what} went through the Python layers")
+    with monkeypatch.context() as m:
+        m.setattr(mlagen, "_native_call", refuse)
+        m.setattr(mlagen, "_decode_cached", refuse)
+        yield
+
+
 def test_the_plain_call_takes_the_cpp_entry_and_follows_the_config(monkeypatch):
     """decode()'s plain call and the leaderboard entry go to the C++ entry with the config (_Native.call)
     once the binding has read an equal config: the Python layers in between may fail and the calls
@@ -350,11 +362,7 @@ def test_the_plain_call_takes_the_cpp_entry_and_follows_the_config(monkeypatch):
     want = ctypes_path(cfg)
     assert torch.equal(first, want), f"seed {seed}"
 
-    def refuse(*a, **k):
-        raise AssertionError("the plain call went through the Python layers")
-    with monkeypatch.context() as m:
-        m.setattr(mlagen, "_native_call", refuse)
-        m.setattr(mlagen, "_decode_cached", refuse)
+    with _python_layers_refused(monkeypatch, "the plain call"):
         assert torch.equal(entry(data), want), f"seed {seed}: the entry"
         assert torch.equal(mlagen.decode(*data), want), f"seed {seed}: decode"
         assert mlagen.last_kernel()["name"].startswith("mla_decode_sm90a"), mlagen.last_kernel()
@@ -407,11 +415,7 @@ def test_the_paged_call_takes_the_cpp_entry(monkeypatch, form):
     first = mlagen.decode(inp["q"], kv_data, inp["qo_indptr"], kvp, cfg, **pg)  # reads the config
     assert torch.equal(first, want), f"seed {seed}"
 
-    def refuse(*a, **k):
-        raise AssertionError("the paged call went through the Python layers")
-    with monkeypatch.context() as m:
-        m.setattr(mlagen, "_native_call", refuse)
-        m.setattr(mlagen, "_decode_cached", refuse)
+    with _python_layers_refused(monkeypatch, "the paged call"):
         got = mlagen.decode(inp["q"], kv_data, inp["qo_indptr"], kvp, cfg, **pg)
         assert torch.equal(got, want), f"seed {seed} {form}: the C++ entry's paged call"
     plain = mlagen.decode(inp["q"], {"fp8": (kv8, inp["kv_scale"])}, inp["qo_indptr"], inp["kv_indptr"], cfg)
