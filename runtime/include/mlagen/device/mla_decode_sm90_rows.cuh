@@ -364,12 +364,13 @@ struct RowsKv<KvFormat::kBf16, kStages> {
 // has no tensor-map layout and its values need their scales on the way in, so each O thread loads
 // its blocks (16 packed bytes and a scale byte: 32 dims) of tile j into registers right after it
 // stored tile j - 1, lets them fly through O(j - ST + 1), and once its group is done with the
-// slot's tile j - ST expands them to bf16 in place of the bulk tensor copy: the same swizzled
-// atoms, the same kv_full arrival, no staging memory (32 rows a block: at 64 the registers held
-// ahead beside 128 accumulators spilled, codegen/spec.py ROWS_TILES). Group oc: the 8 blocks of its V dims for rows wt / 8 + 16 i (i < 4; 8 neighbouring
-// threads read a row's 128 bytes); group 1 (oc 0) also the rope's 2 blocks of row wt / 2, after
-// the slot's P is free (wait_p). Expansion is exact (every E2M1 value times a power of two is a
-// bf16), so this body computes on exactly the bf16 tile of the dequantized rows.
+// slot's tile j - ST expands them to bf16 (a table a scale byte, built once a block) in place of
+// the bulk tensor copy: the same swizzled atoms, the same kv_full arrival, no staging memory.
+// Group oc: the 8 blocks of its V dims for rows wt / 8 + 16 i (i < 4; 8 neighbouring threads read
+// a row's 128 bytes); group 1 (oc 0) also the rope's 2 blocks of row wt / 2, after the slot's P is
+// free (wait_p). Expansion is exact (every E2M1 value times a power of two is a bf16), so this body
+// computes on exactly the bf16 tile of the dequantized rows. 32 rows a block: at 64 the registers
+// held ahead beside 128 accumulators spilled (codegen/spec.py ROWS_TILES).
 template <KvFormat kKv, int kStages>
 struct RowsKv : RowsKv<KvFormat::kBf16, kStages> {
   using Bf16 = RowsKv<KvFormat::kBf16, kStages>;
@@ -542,8 +543,8 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
   // arriving when its copies land. Either way kv_full[slot] completes with 256 arrivals once the
   // tile is in.
   // A format the body expands (F::kExpands) is read into registers instead: each O thread loads
-  // its share of tile j a tile ahead (load_tile: into `pre`) and issue_tile writes it, expanded,
-  // into the slot, then arrives.
+  // its share of tile j a tile ahead (load_into: `pre`, or `first` for the ring's first tiles) and
+  // issue_tile writes it, expanded, into the slot, then arrives.
   const int oc = grp - 1;
   const typename F::Copy copy(oc, wt);
   using Pre = typename F::Copy::Pre;
