@@ -132,9 +132,9 @@ ROWS_BODY_BLOCK_MS = (32, 64)  # 32: heads x q_len of 32 (32 heads, or 16 heads 
 ROWS_TILES = {"e4m3": dict(block_n=WARPGROUP_BLOCK_N, stage_kb=36,
                            stages={(64, "bf16"): 3, (64, "fp8"): 4, (32, "bf16"): 4, (32, "fp8"): 5}),
               "bf16": dict(block_n=WARPGROUP_BLOCK_N, stage_kb=72,
-                           stages={(64, "bf16"): 2, (64, "fp8"): 2, (32, "bf16"): 2, (32, "fp8"): 2}),
-              "bf16_expanded": dict(block_n=WARPGROUP_BLOCK_N, stage_kb=72,
-                                    stages={(32, "bf16"): 2, (32, "fp8"): 2})}
+                           stages={(64, "bf16"): 2, (64, "fp8"): 2, (32, "bf16"): 2, (32, "fp8"): 2})}
+ROWS_TILES["bf16_expanded"] = dict(ROWS_TILES["bf16"], stages={k: n for k, n in ROWS_TILES["bf16"]["stages"].items()
+                                                                if k[0] == 32})
 # (arch, kv dtype) -> the rows body's tiles: where it exists
 ROWS_BODY = {("sm90a", name): ROWS_TILES[f.rows_tile] for name, f in KV_FORMATS.items()
              if f.rows_tile is not None and "sm90a" in f.archs}

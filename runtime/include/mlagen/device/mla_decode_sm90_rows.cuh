@@ -70,6 +70,14 @@ static_assert(sizeof(CUtensorMap) == sizeof(TensorMapBytes) && alignof(CUtensorM
 template <KvFormat kKv, int kStages>
 struct RowsKv;
 
+// What a policy whose tile is copied as stored (bulk tensor copy, or cp.async) tells the body about
+// the expanded policy's steps: nothing loaded ahead, no tables.
+struct RowsStored {
+  static constexpr bool kExpands = false;
+  static constexpr int kTableBytes = 0;
+  struct Pre {};
+};
+
 // A thread's row copies of a 64-row tile (cp.async, the path for rows that are not one run):
 // rows rm + 16 i (i < 4), 16-byte chunk c8 of each row's 128 bytes in atoms [a0, a0 + kAtoms) of
 // kAtomBytes (dst: the thread's place in the tile's first atom, 128B swizzle), zero-filled past
@@ -92,14 +100,12 @@ MLAGEN_DEVICE void copy_atom_rows(uint32_t dst, const Params& p, const Rows& kv,
 // V^T converted to f16 in registers (each thread's 8 dims of two tokens: one 8-byte load a token,
 // prmt + cvt.f16x2.e4m3x2, exact). A thread's O values of a row are 8 consecutive dims.
 template <int kStages>
-struct RowsKv<KvFormat::kFp8, kStages> {
+struct RowsKv<KvFormat::kFp8, kStages> : RowsStored {
   using Tile = WgLayout<kStages, KvFormat::kFp8>;
   static constexpr int kQRowBytes = kQkDim;  // q staged as e4m3
   static constexpr bool q_split(QFormat q) { return q == QFormat::kBf16; }
   static constexpr bool kPInTile = false;  // P^T has two slots of its own
   static constexpr uint32_t kPTileOffset = 0, kPTileBytes = 0;
-  static constexpr bool kExpands = false;  // copied as stored (bulk tensor copy, or cp.async)
-  static constexpr int kTableBytes = 0;     // (the expanded policy's tables)
   // what one O group brings: two atoms (its V dims) and one rope box (half the rows)
   static constexpr uint32_t kGroupBytes = 2 * Tile::kAtom128Bytes + KvMapsAbi::kRopeBoxRows * KvMapsAbi::kRopeBoxBytes;
   MLAGEN_DEVICE static constexpr uint32_t group_bytes(int) { return kGroupBytes; }
@@ -109,7 +115,6 @@ struct RowsKv<KvFormat::kFp8, kStages> {
 
   // O group oc's share of a tile's copies, thread wt of the group.
   struct Copy {
-    struct Pre {};  // (nothing loaded ahead: see the expanded policy)
     int c8, rm, c4, rr;
     uint32_t dst_main, dst_rope;
     int a0, rope0;  // the group's first atom, rope row
@@ -238,15 +243,13 @@ struct RowsKv<KvFormat::kFp8, kStages> {
 // it once S(i) is done; the O groups read it in O(i); the rope rows of tile i + 2 go into that atom
 // only once both O groups are done with O(i) (Copy's wait_p: the slot's empty barrier). 219 KB.
 template <int kStages>
-struct RowsKv<KvFormat::kBf16, kStages> {
+struct RowsKv<KvFormat::kBf16, kStages> : RowsStored {
   using Tile = WgBf16Layout<kStages>;
   static constexpr int kQRowBytes = 2 * kQkDim;  // q staged as bf16
   static constexpr bool q_split(QFormat) { return false; }
   static constexpr int kRopeAtom = Tile::kAtoms - 1;  // atoms 0..7: V; atom 8: the rope dims
   static constexpr bool kPInTile = true;  // a tile's P^T: in its rope atom, from S's end to O's
   static constexpr uint32_t kPTileOffset = kRopeAtom * Tile::kAtomBytes, kPTileBytes = Tile::kAtomBytes;
-  static constexpr bool kExpands = false;  // copied as stored
-  static constexpr int kTableBytes = 0;
   // what one O group brings: its four V atoms; group 1 (oc 0) also the rope atom (two boxes of 32 rows)
   MLAGEN_DEVICE static constexpr uint32_t group_bytes(int oc) {
     return 4 * Tile::kAtomBytes + (oc == 0 ? 2 * KvMapsAbi::kRopeBoxRows * KvMapsAbi::kRopeBoxBytesBf16 : 0);
@@ -256,7 +259,6 @@ struct RowsKv<KvFormat::kBf16, kStages> {
                 "a tile's boxes");
 
   struct Copy {
-    struct Pre {};
     int oc, c8, rm;
     uint32_t dst_main;
     MLAGEN_DEVICE Copy(int oc_, int wt)
@@ -387,11 +389,12 @@ struct RowsKv : RowsKv<KvFormat::kBf16, kStages> {
                     kRopeBlocks * Tile::kBlockN == 128 && Bf16::kRopeAtom == kVBlocks / 2,
                 "the expanded blocks tile the bf16 atoms: two blocks a 128-byte atom row");
 
+  // an O thread's blocks of a tile, loaded a tile ahead (rope: group 1 only)
+  struct Pre {
+    Block v[kVChunks], rope;
+  };
+
   struct Copy {
-    // tile j's blocks of this thread, loaded a tile ahead (rope: group 1 only)
-    struct Pre {
-      Block v[kVChunks], rope;
-    };
     int oc, wt, rot;
     MLAGEN_DEVICE Copy(int oc_, int wt_) : oc(oc_), wt(wt_), rot((wt_ / 2) % 4) {}
     template <class Rows>
@@ -547,13 +550,12 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
   // issue_tile writes it, expanded, into the slot, then arrives.
   const int oc = grp - 1;
   const typename F::Copy copy(oc, wt);
-  using Pre = typename F::Copy::Pre;
+  using Pre = typename F::Pre;
   Pre pre;
   auto load_into = [&](Pre& into, int j) {
     if constexpr (F::kExpands)
       if (j < ntiles) copy.load(into, p, blk.rows, tok_begin + j * BN, tok_end - tok_begin - j * BN, page_bad);
   };
-  auto load_tile = [&](int j) { load_into(pre, j); };
   auto issue_tile = [&](int j, const Pre& from) {
     if (j >= ntiles) return;
     const int tok0 = tok_begin + j * BN, rows_left = tok_end - tok0;
@@ -749,7 +751,7 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
 #pragma unroll
       for (int i = 0; i < R / 2; ++i) o[mb][i] = 0.f;
     const typename F::template OStep<R, L::kPLbo> o_step(oc, w, g, t);
-    load_tile(ST);  // (expanded formats: tile ST's blocks fly while O(0) runs)
+    load_into(pre, ST);  // (expanded formats: tile ST's blocks fly while O(0) runs)
     for (int it = 0; it < ntiles; ++it) {
       mbarrier_wait(full(it % PS), (it / PS) & 1);
       const uint32_t tile = s_base + (it % ST) * Tile::kStageBytes;
@@ -777,7 +779,7 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
         // (racecheck; the wgmmas the loads fed do not order them for the memory model)
         named_barrier(2 + oc, 128);
         issue_tile(it + ST, pre);
-        load_tile(it + ST + 1);
+        load_into(pre, it + ST + 1);
       }
     }
     mbarrier_wait(sums_ready, 0);  // group 0's sums (and any_bad_page: see group 0's epilogue)
