@@ -370,3 +370,7 @@ def test_wgmma_table_holds_every_wrapper_the_device_code_calls():
     text, outputs, inputs = wgmma.Wgmma(32, 32, "e4m3", "rs", "acc", "", "").asm()
     assert "{%16,%17,%18,%19}, %20, 1, 1, 1;" in text and inputs.endswith('"l"(desc_b)')
     assert '"=f"' in wgmma.Wgmma(128, 32, "e4m3", "ss", "zero", "_first", "").asm()[1]
+    text, outputs, inputs = wgmma.Wgmma(256, 16, "bf16", "rs", "acc", "_nb", "", tnsp_b=1).asm()
+    assert "{%128,%129,%130,%131}, %132, 1, 1, 1, 1;" in text and outputs.count('"+f"') == 128  # tnspB last
+    with pytest.raises(ValueError, match="tnsp_b"):
+        wgmma.check_table((wgmma.Wgmma(64, 32, "e4m3", "rs", "acc", "", "e4m3 has no transpose", tnsp_b=1),))

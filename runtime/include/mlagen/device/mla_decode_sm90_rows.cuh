@@ -25,8 +25,9 @@
 // That is the fp8 format. A KV format is a policy of the body (RowsKv below: its tile, its copies'
 // boxes, q's staging, the S^T chain, P's type, the O^T step, the dims a thread's O values are);
 // bf16 KV (RowsKv<kBf16>) keeps the tile as stored, 72 KB a stage: S^T in bf16 wgmma m64nRk16
-// (A = the tile, B = q as bf16, N = R), P^T bf16, O^T += V^T P^T with A = V^T read from the same
-// tile through the descriptor's transpose bit (no conversion, no register A); 2 stages, each
+// (A = the tile, B = q as bf16, N = R), P^T bf16, and V read where it landed, through the
+// descriptor's transpose bit: at 64 rows O += P V (A = P in registers, B = V, N = 256 dims), at 32
+// O^T += V^T P^T (A = V^T, B = P^T); no conversion. 2 stages, each
 // tile's P^T in its own rope atom (free once S read it) instead of P slots of its own. A format
 // with scales per block (mxfp4) is expanded into that bf16 tile on the way in (RowsKv's primary
 // template), and from there is the bf16 policy.
@@ -94,6 +95,82 @@ MLAGEN_DEVICE void copy_atom_rows(uint32_t dst, const Params& p, const Rows& kv,
       sm90::cp_async_16(dst + i * 2048 + a * kAtomBytes, src ? src + a * 128 + c8 * 16 : p.kv, src != nullptr);
   }
 }
+
+// ---- How an O group's accumulators hold its rows: what the body asks of them is the rescale of a
+// tile that moved the rows' bases (alpha: a factor a row) and the epilogue's stores (write_rows).
+// Rows as the wgmma's N (O^T = V^T P^T: the fp8 policy, bf16 at 32 rows): thread (w, g, t) holds
+// rows 8 j + 2 t + e (j < R / 8), 8 values each, o[mb][4 j + 2 hh + e] being value mb + 4 hh of the
+// row, at dim Dims::o_dim(oc, w, g, mb + 4 hh) (8 consecutive dims, or single ones).
+template <int R, class Dims>
+struct ORowsAsN {
+  MLAGEN_DEVICE static void rescale(float (&o)[4][R / 2], const float* alpha, int, int, int t) {
+#pragma unroll
+    for (int j = 0; j < R / 8; ++j) {
+      const float2 f = *reinterpret_cast<const float2*>(alpha + 8 * j + 2 * t);
+#pragma unroll
+      for (int mb = 0; mb < 4; ++mb)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) o[mb][4 * j + i] *= (i % 2) ? f.y : f.x;
+    }
+  }
+  template <class Out>
+  MLAGEN_DEVICE static void write(const float (&o)[4][R / 2], const Out& out, const float* l_final, float kv_scale,
+                                  bool bad, int oc, int w, int g, int t) {
+#pragma unroll
+    for (int j = 0; j < R / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int br = 8 * j + 2 * t + e;
+        const float inv = out.scale(l_final[br], kv_scale, bad);
+        const auto dst = out.row(br);
+        float ov[8];
+#pragma unroll
+        for (int mb = 0; mb < 4; ++mb)
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) ov[mb + 4 * hh] = o[mb][4 * j + 2 * hh + e] * inv;
+        if constexpr (Dims::kODimsContiguous) {
+          dst.put(Dims::o_dim(oc, w, g, 0), ov);
+        } else {  // single values: the 8 lanes g of a row write 8 dims back to back
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            const float v[1] = {ov[i]};
+            dst.put(Dims::o_dim(oc, w, g, i), v);
+          }
+        }
+      }
+  }
+};
+// Rows as the wgmma's M (O = P V: bf16 at 64 rows): thread (w, g, t) holds rows 16 w + g + 8 h
+// (h < 2), 64 values each: o[nb][4 j + 2 h + e] at dim 256 oc + 64 nb + 8 j + 2 t + e (the
+// accumulator fragment of m64n256, 64 dims a block nb), two consecutive dims a store.
+template <int R>
+struct ORowsAsM {
+  static_assert(R == 64, "the query rows as the wgmma's M: 64 rows");
+  MLAGEN_DEVICE static void rescale(float (&o)[4][R / 2], const float* alpha, int w, int g, int) {
+    const float f[2] = {alpha[16 * w + g], alpha[16 * w + g + 8]};
+#pragma unroll
+    for (int nb = 0; nb < 4; ++nb)
+#pragma unroll
+      for (int i = 0; i < R / 2; ++i) o[nb][i] *= f[(i / 2) % 2];
+  }
+  template <class Out>
+  MLAGEN_DEVICE static void write(const float (&o)[4][R / 2], const Out& out, const float* l_final, float kv_scale,
+                                  bool bad, int oc, int w, int g, int t) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int br = 16 * w + g + 8 * h;
+      const float inv = out.scale(l_final[br], kv_scale, bad);
+      const auto dst = out.row(br);
+#pragma unroll
+      for (int nb = 0; nb < 4; ++nb)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const float v[2] = {o[nb][4 * j + 2 * h] * inv, o[nb][4 * j + 2 * h + 1] * inv};
+          dst.put(256 * oc + 64 * nb + 8 * j + 2 * t, v);
+        }
+    }
+  }
+};
 
 // fp8: the 16-row warpgroup kernel's tile (WgLayout: 4 atoms of 128 dims, 128B swizzle, and a
 // 64B-swizzle rope atom; 36 KB a stage). S^T in e4m3 (a bf16 q split hi + lo: N = 2 R); P^T f16;
@@ -187,8 +264,9 @@ struct RowsKv<KvFormat::kFp8, kStages> : RowsStored {
   // ks - 1's wgmma of block mb is done (wait<3>: the three issued after it may fly), so the
   // tensor cores always hold three of this group's wgmmas while it converts the next fragment.
   // The caller waits for them all.
-  template <int R, int kPLbo>
-  struct OStep {
+  template <class L>
+  struct OStep : ORowsAsN<L::kRows, RowsKv> {
+    static constexpr int R = L::kRows;
     uint32_t voff[4];
     MLAGEN_DEVICE OStep(int oc, int w, int g, int t) {
       const int dv = o_dim(oc, w, g, 0);
@@ -210,9 +288,10 @@ struct RowsKv<KvFormat::kFp8, kStages> : RowsStored {
       am[2] = e4m3x2_f2fp(static_cast<uint16_t>(__byte_perm(x[2].x, x[3].x, sel)));
       am[3] = e4m3x2_f2fp(static_cast<uint16_t>(__byte_perm(x[2].y, x[3].y, sel)));
     }
-    MLAGEN_DEVICE void run(float (&o)[4][R / 2], uint32_t tile, uint64_t p_desc) const {
+    MLAGEN_DEVICE void run(float (&o)[4][R / 2], uint32_t tile, uint32_t p) const {
       using namespace sm90;
       constexpr int BN = Tile::kBlockN;
+      const uint64_t p_desc = wgmma_desc(p, L::kPLbo, L::kPSbo);
       uint2 x[4];
       uint32_t a[4][4];
       v_load(tile, 0, x);
@@ -225,8 +304,8 @@ struct RowsKv<KvFormat::kFp8, kStages> : RowsStored {
           if (mb == 3 && ks + 1 < BN / 16) v_load(tile, ks + 1, x);
           wgmma_fence_regs(o[mb]), wgmma_fence_regs(a[mb]);
           wgmma_fence();
-          if constexpr (R == 64) wgmma_m64n64k16_f16_rs(o[mb], a[mb], wgmma_desc_advance(p_desc, 2 * ks * kPLbo));
-          else wgmma_m64n32k16_f16_rs(o[mb], a[mb], wgmma_desc_advance(p_desc, 2 * ks * kPLbo));
+          if constexpr (R == 64) wgmma_m64n64k16_f16_rs(o[mb], a[mb], wgmma_desc_advance(p_desc, 2 * ks * L::kPLbo));
+          else wgmma_m64n32k16_f16_rs(o[mb], a[mb], wgmma_desc_advance(p_desc, 2 * ks * L::kPLbo));
           wgmma_commit();
         }
     }
@@ -235,9 +314,10 @@ struct RowsKv<KvFormat::kFp8, kStages> : RowsStored {
 
 // bf16: the 16-row bf16 warpgroup kernel's tile (WgBf16Layout: 9 atoms of 64 dims, 128B swizzle;
 // 72 KB a stage), read as stored by both products: S^T = K Q^T in bf16 (A = the tile K-major, B =
-// q as bf16, N = R: a bf16 q is exact, an fp8 q too), P^T bf16, O^T += V^T P^T with A = V^T read
-// M-major from the same tile (the descriptor's transpose bit: no copy, no register). A thread's O
-// values of a row are dims 256 oc + 64 mb + 16 w + g + 8 hh (the wgmma's M rows of block mb).
+// q as bf16, N = R: a bf16 q is exact, an fp8 q too), P^T bf16, and V read N- (M-) major from the
+// same tile through the descriptor's transpose bit (no copy, no conversion): O += P V at 64 rows
+// (OStepM), O^T += V^T P^T at 32 (OStepT, where a thread's O values of a row are dims
+// 256 oc + 64 mb + 16 w + g + 8 hh, the wgmma's M rows of block mb).
 // Shared memory at 64 rows: 2 stages (144 KB) + q (72 KB) leave no room for P slots of their own
 // beside the rest: tile i's P^T goes into tile i's rope atom, which only S(i) reads. Group 0 writes
 // it once S(i) is done; the O groups read it in O(i); the rope rows of tile i + 2 go into that atom
@@ -334,15 +414,66 @@ struct RowsKv<KvFormat::kBf16, kStages> : RowsStored {
   MLAGEN_DEVICE static int o_dim(int oc, int w, int g, int i) { return 256 * oc + 64 * (i % 4) + 16 * w + g + 8 * (i / 4); }
   static constexpr bool kODimsContiguous = false;
 
-  // O^T += V^T P^T for the group's 256 dims (atoms 4 oc .. 4 oc + 3): 4 k-steps x 4 m64 blocks,
-  // one commit group; the caller waits for it.
-  template <int R, int kPLbo>
-  struct OStep {
+  // The O step: at 64 rows O = P V (OStepM), else O^T += V^T P^T (OStepT). Both read V where it
+  // landed; they differ in what else goes through shared memory a tile. O^T (M = dims, N = rows)
+  // reads A = V^T and B = P^T from it for each of 16 wgmmas of m64n64k16 (64 KB a group), and at
+  // N = 64 rows two O groups' and group 0's S chain ask 192 bytes a cycle of the 128 the SM has. O
+  // (M = rows, N = 256 dims) takes P into registers once (ldmatrix, 8 KB) and reads B = V for each
+  // of 4 wgmmas of m64n256k16 (32 KB): 40 KB a group, 32 bytes a cycle at the tensor rate.
+  template <class L>
+  struct OStepM;
+  template <class L>
+  struct OStepT;
+  template <class L>
+  using OStep = std::conditional_t<L::kRows == 64, OStepM<L>, OStepT<L>>;
+
+  // O += P V for the group's 256 dims (atoms 4 oc .. 4 oc + 3, B = V N-major through the
+  // descriptor's transpose bit, LBO = an atom between blocks of 64 dims): A = P (rows x 16 tokens
+  // a k-step) into registers by ldmatrix from the slot's P (stored as P^T's K-major core matrices:
+  // row r's 8 tokens are 16 contiguous bytes at L::p_at), 4 k-steps, one commit group; the caller
+  // waits for it. The accumulators are ORowsAsM's.
+  template <class L>
+  struct OStepM : ORowsAsM<L::kRows> {
+    static constexpr int R = L::kRows;
     int oc;
-    MLAGEN_DEVICE OStep(int oc_, int, int, int) : oc(oc_) {}
-    MLAGEN_DEVICE void run(float (&o)[4][R / 2], uint32_t tile, uint64_t p_desc) const {
+    MLAGEN_DEVICE OStepM(int oc_, int, int, int) : oc(oc_) {}
+    // this lane's ldmatrix row of P at k-step 0 (lane 8 i + q: row q of A-fragment matrix i, rows
+    // 16 w + 8 (i % 2) .., tokens 8 (i / 2) ..): from the thread index a tile, not held (a register
+    // held across the loop spilled in the generic kernels)
+    MLAGEN_DEVICE static uint32_t p_lane() {
+      const int lane = threadIdx.x % 32, w = threadIdx.x / 32 % 4;
+      return L::p_at(16 * w + 8 * (lane / 8 % 2) + lane % 8, 8 * (lane / 16));
+    }
+    MLAGEN_DEVICE void run(float (&o)[4][R / 2], uint32_t tile, uint32_t p) const {
+      using namespace sm90;
+      constexpr int KS = Tile::kBlockN / 16;
+      const uint32_t pl = p + p_lane();
+      uint32_t a[KS][4];
+#pragma unroll
+      for (int ks = 0; ks < KS; ++ks) ldmatrix_x4(pl + ks * 2 * L::kPLbo, a[ks]);
+      const uint64_t v_desc = wgmma_desc(tile + 4 * oc * Tile::kAtomBytes, Tile::kAtomBytes, 1024, WgmmaSwizzle::k128B);
+      float(&d)[4 * (R / 2)] = reinterpret_cast<float(&)[4 * (R / 2)]>(o);  // m64n256's fragment: o[nb] = d[32 nb ..]
+      wgmma_fence_regs(d);
+#pragma unroll
+      for (int ks = 0; ks < KS; ++ks) wgmma_fence_regs(a[ks]);
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < KS; ++ks) wgmma_m64n256k16_bf16_rs_nb(d, a[ks], wgmma_desc_advance(v_desc, ks * 2048));
+      wgmma_commit();
+    }
+  };
+
+  // O^T += V^T P^T for the group's 256 dims (atoms 4 oc .. 4 oc + 3): 4 k-steps x 4 m64 blocks,
+  // one commit group; the caller waits for it. The accumulators are ORowsAsN's.
+  template <class L>
+  struct OStepT : ORowsAsN<L::kRows, RowsKv> {
+    static constexpr int R = L::kRows;
+    int oc;
+    MLAGEN_DEVICE OStepT(int oc_, int, int, int) : oc(oc_) {}
+    MLAGEN_DEVICE void run(float (&o)[4][R / 2], uint32_t tile, uint32_t p) const {
       using namespace sm90;
       constexpr int BN = Tile::kBlockN;
+      const uint64_t p_desc = wgmma_desc(p, L::kPLbo, L::kPSbo);
       const uint64_t v_desc = wgmma_desc(tile + 4 * oc * Tile::kAtomBytes, Tile::kAtomBytes, 1024, WgmmaSwizzle::k128B);
 #pragma unroll
       for (int mb = 0; mb < 4; ++mb) wgmma_fence_regs(o[mb]);
@@ -352,9 +483,8 @@ struct RowsKv<KvFormat::kBf16, kStages> : RowsStored {
 #pragma unroll
         for (int mb = 0; mb < 4; ++mb) {
           const uint64_t a = wgmma_desc_advance(v_desc, mb * Tile::kAtomBytes + ks * 2048);
-          const uint64_t b = wgmma_desc_advance(p_desc, 2 * ks * kPLbo);
-          if constexpr (R == 64) wgmma_m64n64k16_bf16_ss_mn(o[mb], a, b);
-          else wgmma_m64n32k16_bf16_ss_mn(o[mb], a, b);
+          static_assert(R == 32, "64 rows: OStepM");
+          wgmma_m64n32k16_bf16_ss_mn(o[mb], a, wgmma_desc_advance(p_desc, 2 * ks * L::kPLbo));
         }
       wgmma_commit();
     }
@@ -750,24 +880,14 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
     for (int mb = 0; mb < 4; ++mb)
 #pragma unroll
       for (int i = 0; i < R / 2; ++i) o[mb][i] = 0.f;
-    const typename F::template OStep<R, L::kPLbo> o_step(oc, w, g, t);
+    const typename F::template OStep<L> o_step(oc, w, g, t);
     load_into(pre, ST);  // (expanded formats: tile ST's blocks fly while O(0) runs)
     for (int it = 0; it < ntiles; ++it) {
       mbarrier_wait(full(it % PS), (it / PS) & 1);
       const uint32_t tile = s_base + (it % ST) * Tile::kStageBytes;
       const float* alpha_t = alpha_x + (it % PS) * R;
-      if (rescaled[it % PS])  // (uniform)
-#pragma unroll
-        for (int j = 0; j < R / 8; ++j) {
-          const float2 f = *reinterpret_cast<const float2*>(alpha_t + 8 * j + 2 * t);
-#pragma unroll
-          for (int mb = 0; mb < 4; ++mb)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) o[mb][4 * j + i] *= (i % 2) ? f.y : f.x;
-        }
-      const uint64_t p_desc =
-          wgmma_desc(F::kPInTile ? tile + F::kPTileOffset : s_p + (it % PS) * L::kPBytes, L::kPLbo, L::kPSbo);
-      o_step.run(o, tile, p_desc);  // O^T += V^T P^T (F::OStep)
+      if (rescaled[it % PS]) o_step.rescale(o, alpha_t, w, g, t);  // (uniform)
+      o_step.run(o, tile, F::kPInTile ? tile + F::kPTileOffset : s_p + (it % PS) * L::kPBytes);  // (F::OStep)
       wgmma_wait<0>();
 #pragma unroll
       for (int mb = 0; mb < 4; ++mb) wgmma_fence_regs(o[mb]);
@@ -785,31 +905,7 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
     mbarrier_wait(sums_ready, 0);  // group 0's sums (and any_bad_page: see group 0's epilogue)
     if (page_bad) flag_error(p, kDevErrPageTable);
     const bool bad = (blk.rows.paged() && *any_bad_page != 0) || blk.seq.bad;
-    write_rows(p, blk.qr, splits, [&](const auto& out) {
-#pragma unroll
-      for (int j = 0; j < R / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int br = 8 * j + 2 * t + e;
-          const float inv = out.scale(l_final[br], kv_scale, bad);
-          const auto dst = out.row(br);
-          float ov[8];
-#pragma unroll
-          for (int mb = 0; mb < 4; ++mb)
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh) ov[mb + 4 * hh] = o[mb][4 * j + 2 * hh + e] * inv;
-          // (value i is dim F::o_dim(oc, w, g, i))
-          if constexpr (F::kODimsContiguous) {
-            dst.put(F::o_dim(oc, w, g, 0), ov);
-          } else {  // single values: the 8 lanes g of a row write 8 dims back to back
-#pragma unroll
-            for (int i = 0; i < 8; ++i) {
-              const float v[1] = {ov[i]};
-              dst.put(F::o_dim(oc, w, g, i), v);
-            }
-          }
-        }
-    });
+    write_rows(p, blk.qr, splits, [&](const auto& out) { o_step.write(o, out, l_final, kv_scale, bad, oc, w, g, t); });
   }
 }
 

@@ -173,7 +173,7 @@ MLAGEN_DEVICE void wgmma_fence_regs(uint32_t (&r)[N]) {
 //   (low half = lower k).
 // M-major A ("_mn": the descriptor describes A^T, a matrix of 16 rows along K, each 64 M-contiguous
 //   values; 128B swizzle): 8-row atoms of 1024 bytes along K (SBO between them), 64 values of M in
-//   a 128-byte row, LBO between 64-value groups of M.
+//   a 128-byte row, LBO between 64-value groups of M. N-major B ("_nb") is the same layout along N.
 #include "wgmma_ops.inc"
 
 // mbarriers in shared memory (sm_90): init by one thread (then a barrier), arrive, and wait for
@@ -236,6 +236,12 @@ MLAGEN_DEVICE void sts8(uint32_t addr, uint32_t v) { asm volatile("st.shared.u8 
 MLAGEN_DEVICE void stmatrix_x4_trans(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
   asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(a), "r"(b),
                "r"(c), "r"(d) : "memory");
+}
+// Four 8 x 8 b16 matrices into the mma fragment layout (thread 4 g + t of matrix i: row g, columns
+// 2 t, 2 t + 1 in register i): lane 8 i + q gives the address of row q of matrix i (16 bytes).
+MLAGEN_DEVICE void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 MLAGEN_DEVICE void sts32(uint32_t addr, uint32_t v) { asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory"); }
 MLAGEN_DEVICE void sts128(uint32_t addr, uint4 v) {

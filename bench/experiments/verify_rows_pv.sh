@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Three H200 calls for branch wip/rows-pv = wip/next (main + wip/mxfp4-rows + wip/paged-entry) + the bf16
+# rows policy's O = P V step at 64 rows (written 2026-12-05, when no device was lent). Before them, here:
+#   git rev-parse --short HEAD > .commit
+#   rm -rf .peers/base && mkdir -p .peers/base && git archive wip/next | tar -x -C .peers/base
+# then
+#   run(command="bash bench/experiments/verify_rows_pv.sh test",     carry=[".peers", ".commit"], timeout_s=600)
+#   run(command="bash bench/experiments/verify_rows_pv.sh sanitize", carry=[".peers", ".commit"], timeout_s=600)
+#   run(command="bash bench/experiments/verify_rows_pv.sh bench",    carry=[".peers", ".commit"], timeout_s=600)
+# (each builds first: a no-op on a machine still warm from the call before)
+# test:     the new tests first (mxfp4 rows, the paged C++ entry, every bf16 rows-body test), then every
+#           GPU test; host.py (the paged call through the C++ entry).
+# sanitize: compute-sanitizer racecheck / synccheck / memcheck on a bf16 64-row case (P now read by
+#           ldmatrix) and an mxfp4 rows case.
+# bench:    the A/B of the bf16 rows bench (bench.py --rows: 32-128 heads with FlashMLA bf16, 16 heads x
+#           q_len 1/2/4) against wip/next's tree in .peers/base, alternated twice; the mxfp4 rows bench.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
+LOG=/tmp/verify_logs; mkdir -p "$LOG"  # (logs stay there unless a step fails: at most 8 files come back)
+export MLAGEN_COMMIT=$(cat .commit 2>/dev/null || echo unknown) PYTHONUNBUFFERED=1
+t0=$SECONDS
+make build JOBS=16 > "$LOG/build.log" 2>&1 || { tail -30 "$LOG/build.log"; exit 1; }
+echo "built in $((SECONDS - t0)) s"
+case "${1:-test}" in
+  test)
+    timeout 120 python3 -m pytest -q -x tests/gpu/test_rows.py tests/gpu/test_ops.py \
+      -k "mxfp4_rows or paged_call or plain_call or bf16_rows or bf16_kv or test_rows_body_matches" 2>&1 | tail -8 | tee "$OUT/new_tests.log"
+    MLAGEN_REQUIRE_GPU=1 timeout 300 python3 -m pytest -q tests/gpu > "$OUT/pytest.log" 2>&1; tail -3 "$OUT/pytest.log"
+    grep -E "FAILED|Error" "$OUT/pytest.log" | head -20
+    timeout 40 python3 bench/host.py --json "$OUT/host.json" 2>&1 | tail -14 ;;
+  sanitize)
+    for case in "test_bf16_rows_body_matches_float64 and 128-1-bf16" "mxfp4_rows_body_is_the_bf16 and 128-1-bf16-3"; do
+      for tool in racecheck synccheck memcheck; do
+        timeout 95 compute-sanitizer --tool $tool --error-exitcode 9 python3 -m pytest -q -x tests/gpu/test_rows.py \
+          -k "$case" > "$LOG/sanitize.log" 2>&1
+        rc=$?; echo "$tool [$case] rc=$rc $(grep -E 'ERROR SUMMARY|passed|failed' "$LOG/sanitize.log" | tail -2 | tr '\n' ' ')"
+        [ $rc = 0 ] || cp "$LOG/sanitize.log" "$OUT/sanitize_${tool}.log"
+      done
+    done ;;
+  bench)
+    ln -sfn .. .peers/base/.peers  # (the base tree's bench finds the peers, FlashMLA bf16, where this one does)
+    tb=$SECONDS
+    (cd .peers/base && make build JOBS=16 > "$LOG/base_build.log" 2>&1) || { tail -20 "$LOG/base_build.log"; exit 1; }
+    echo "base built in $((SECONDS - tb)) s"
+    for i in 1 2; do
+      for t in base new; do
+        d=$([ $t = base ] && echo .peers/base || echo .)
+        (cd $d && env -u PYTHONPATH -u MLAGEN_LIBRARY timeout 100 python3 bench/bench.py --out "$OUT/ab_${t}_$i" --no-seed \
+           --no-bmm --formats "" --shapes 4x1024 --rows --no-host-overhead --json-only --reps 15 --label "A/B $t $i") 2>&1 \
+          | grep -E "^\[rows" | sed "s/^/$t$i /" | cut -c1-300
+        cp "$OUT/ab_${t}_$i/latest.json" "$OUT/ab_${t}_$i.json" 2>/dev/null; rm -rf "$OUT/ab_${t}_$i"  # (4 files)
+      done
+    done
+    timeout 100 python3 bench/experiments/mxfp4_rows.py --json "$OUT/mxfp4_rows.json" 2>&1 | tail -12 ;;
+esac
+echo "total $((SECONDS - t0)) s"
