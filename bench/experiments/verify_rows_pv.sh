@@ -26,6 +26,8 @@ case "${1:-test}" in
   test)
     timeout 120 python3 -m pytest -q -x tests/gpu/test_rows.py tests/gpu/test_ops.py \
       -k "mxfp4_rows or paged_call or plain_call or bf16_rows or bf16_kv or test_rows_body_matches" 2>&1 | tail -8 | tee "$OUT/new_tests.log"
+    # (if a bf16 64-row case failed: where, by row group and 64-dim block)
+    grep -q "FAILED.*bf16\|FAILED.*rows_body_matches" "$OUT/new_tests.log" && timeout 60 python3 bench/experiments/rows_pv_diag.py
     MLAGEN_REQUIRE_GPU=1 timeout 300 python3 -m pytest -q tests/gpu > "$OUT/pytest.log" 2>&1; tail -3 "$OUT/pytest.log"
     grep -E "FAILED|Error" "$OUT/pytest.log" | head -20
     timeout 40 python3 bench/host.py --json "$OUT/host.json" 2>&1 | tail -14 ;;
