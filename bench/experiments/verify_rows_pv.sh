@@ -11,7 +11,7 @@
 # test:     the new tests first (mxfp4 rows, the paged C++ entry, every bf16 rows-body test), then every
 #           GPU test; host.py (the paged call through the C++ entry).
 # sanitize: compute-sanitizer racecheck / synccheck / memcheck on a bf16 64-row case (P now read by
-#           ldmatrix) and an mxfp4 rows case.
+#           ldmatrix) and an mxfp4 rows case; ncu's DRAM bytes of the 64x8192 rows cases.
 # bench:    the A/B of the bf16 rows bench (bench.py --rows: 32-128 heads with FlashMLA bf16, 16 heads x
 #           q_len 1/2/4) against wip/next's tree in .peers/base, alternated twice; the mxfp4 rows bench.
 set -uo pipefail
@@ -39,7 +39,11 @@ case "${1:-test}" in
         rc=$?; echo "$tool [$case] rc=$rc $(grep -E 'ERROR SUMMARY|passed|failed' "$LOG/sanitize.log" | tail -2 | tr '\n' ' ')"
         [ $rc = 0 ] || cp "$LOG/sanitize.log" "$OUT/sanitize_${tool}.log"
       done
-    done ;;
+    done
+    # does the 128-head bf16 rows body read the KV twice? (docs/perf.md, query rows)
+    timeout 120 ncu --clock-control none --metrics dram__bytes_read.sum,lts__t_sector_hit_rate.pct \
+      -k regex:mla_decode_sm90a python3 bench/experiments/rows_dram.py 2>&1 \
+      | grep -E "heads|mla_decode_sm90a|dram__bytes|lts__t_sector" | cut -c1-160 ;;
   bench)
     ln -sfn .. .peers/base/.peers  # (the base tree's bench finds the peers, FlashMLA bf16, where this one does)
     tb=$SECONDS
