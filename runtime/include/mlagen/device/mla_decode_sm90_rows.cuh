@@ -182,6 +182,7 @@ struct RowsKv<KvFormat::kFp8, kStages> : RowsStored {
   static constexpr int kQRowBytes = kQkDim;  // q staged as e4m3
   static constexpr bool q_split(QFormat q) { return q == QFormat::kBf16; }
   static constexpr bool kPInTile = false;  // P^T has two slots of its own
+  static constexpr bool kSRowsAsM = false;  // S^T: a bf16 q's hi and lo parts are the N columns
   static constexpr uint32_t kPTileOffset = 0, kPTileBytes = 0;
   // what one O group brings: two atoms (its V dims) and one rope box (half the rows)
   static constexpr uint32_t kGroupBytes = 2 * Tile::kAtom128Bytes + KvMapsAbi::kRopeBoxRows * KvMapsAbi::kRopeBoxBytes;
@@ -329,6 +330,7 @@ struct RowsKv<KvFormat::kBf16, kStages> : RowsStored {
   static constexpr bool q_split(QFormat) { return false; }
   static constexpr int kRopeAtom = Tile::kAtoms - 1;  // atoms 0..7: V; atom 8: the rope dims
   static constexpr bool kPInTile = true;  // a tile's P^T: in its rope atom, from S's end to O's
+  static constexpr bool kSRowsAsM = true;  // at 64 rows S = Q K^T (s_rows), at 32 S^T (s_chain)
   static constexpr uint32_t kPTileOffset = kRopeAtom * Tile::kAtomBytes, kPTileBytes = Tile::kAtomBytes;
   // what one O group brings: its four V atoms; group 1 (oc 0) also the rope atom (two boxes of 32 rows)
   MLAGEN_DEVICE static constexpr uint32_t group_bytes(int oc) {
@@ -406,6 +408,23 @@ struct RowsKv<KvFormat::kBf16, kStages> : RowsStored {
         if (ks == 0) wgmma_m64n32k16_bf16_ss_first(s, a, b);
         else wgmma_m64n32k16_bf16_ss(s, a, b, 1);
       }
+    }
+  }
+
+  // S = Q K^T, the query rows the wgmma's M (64): the same 36 k-steps with the operands swapped
+  // (A = q as staged, K-major core matrices; B = the tile K-major), from the wgmma fence on
+  template <int kQLbo>
+  MLAGEN_DEVICE static void s_rows(float (&s)[Tile::kBlockN / 2], uint32_t tile, uint64_t q_desc) {
+    using namespace sm90;
+    static_assert(Tile::kBlockN == 64, "S = Q K^T: m64n64k16");
+    const uint64_t k_desc = wgmma_desc(tile, 16, 1024, WgmmaSwizzle::k128B);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < 4 * Tile::kAtoms; ++ks) {
+      const uint64_t a = wgmma_desc_advance(q_desc, 2 * ks * kQLbo);
+      const uint64_t b = wgmma_desc_advance(k_desc, (ks / 4) * Tile::kAtomBytes + (ks % 4) * 32);
+      if (ks == 0) wgmma_m64n64k16_bf16_ss_first(s, a, b);
+      else wgmma_m64n64k16_bf16_ss(s, a, b, 1);
     }
   }
 
@@ -572,6 +591,8 @@ struct RowsLayout {
   static constexpr int kBlockN = Tile::kBlockN, kStages = kStages_, kRows = kRows_, kThreads = 384;
   static constexpr int kSlots = kRows / 4;  // query rows a group-0 thread holds (S^T columns 8 j + 2 t + e)
   static constexpr bool kQLo = F::q_split(kQ_);
+  // S's orientation: the query rows as the wgmma's M (the policy's s_rows, 64 rows) or its N (s_chain)
+  static constexpr bool kSRowsAsM = F::kSRowsAsM && kRows == 64;
   static constexpr int kSN = kQLo ? 2 * kRows : kRows;  // N of the S^T chain
   static constexpr int kQLbo = 128, kQSbo = F::kQRowBytes / 16 * 128, kQBytes = kSN / 8 * kQSbo;
   static constexpr int kPLbo = 128, kPSbo = kBlockN / 8 * 128, kPBytes = kRows / 8 * kPSbo;  // one slot
@@ -752,127 +773,220 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
     setmaxnreg_dec<L::kRegsS>();
     const uint64_t q_desc = wgmma_desc(s_q, L::kQLbo, L::kQSbo);
     const int row0 = 16 * w + g;
-    float m[NS], l[NS], cs[NS];  // rows 8 j + 2 t + e, slot k = 2 j + e
-    int min_end = tok_end;       // tiles ending before every row's causal end need no mask
+    if constexpr (L::kSRowsAsM) {
+      // ---- S = Q K^T with the query rows as the wgmma's M (F::s_rows): thread (w, g, t) holds rows
+      // row0 + 8 h (h < 2), tokens 8 j + 2 t + e of the tile at s[4 j + 2 h + e]. A row's maximum
+      // and sum are its quad's (two shuffles over t): no exchange between the warps, two rows'
+      // state a thread. P goes to its slot as stored (stmatrix, not transposed): row r's 8 tokens
+      // at L::p_at(r, 8 j), the layout the O groups read.
+      float m[2], l[2], cs[2];
+      int end[2];
+      int min_end = tok_end;  // tiles ending before every row's causal end need no mask
 #pragma unroll
-    for (int k = 0; k < NS; ++k) m[k] = -INFINITY, l[k] = 0.f, cs[k] = row_cs[wg_column(k, t)];
-    for (int r = 0; r < R; ++r) min_end = min(min_end, row_end[r]);
-    // stmatrix: lane -> row lane % 8 of fragment lane / 8 (j = lane / 16, r = lane / 8 % 2) of a group of four
-    const uint32_t p_lane = L::p_at(8 * (lane / 16) + lane % 8, 16 * w + 8 * (lane / 8 % 2));
-    for (int it = 0; it < ntiles; ++it) {
-      mbarrier_wait(kv_full(it % ST), (it / ST) & 1);  // tile it landed
-      fence_proxy_async_smem();  // (a short tile's cp.async writes, before the wgmmas read them)
-      const uint32_t tile = s_base + (it % ST) * Tile::kStageBytes;
-      float s[L::kSN / 2];
-      F::template s_chain<L::kSN, L::kQLbo>(s, tile, q_desc);  // (fenced)
-      wgmma_commit();
-      wgmma_wait<0>();
-      wgmma_fence_regs(s);
-      // this tile's P, factors and flag go to slot it % 2: tile it - 2's O must be done with it
-      // (long since, as a rule: O(it - 1) ran under this S). P in the tile: its slot is this tile's
-      // own, and tile it landed after O(it - 2) was done (its copies go out then): no wait.
-      if constexpr (!F::kPInTile)
-        if (it >= 2) mbarrier_wait(empty(it % 2), ((it - 2) / 2) & 1);
-
-      const int tok0 = tok_begin + it * BN;
-      const bool masked = tok0 + BN > min_end;  // (uniform)
-      // Lazy rescale: the rows keep their base m while no score exceeds it by more than
-      // kLazyLog2 (P <= 2^kLazyLog2 in f16); only a tile where one does meets the rows' maxima
-      // over the 8 lanes and the 4 warps and rescales (the first tile always, as m = -inf). The
-      // test needs no maxima: a score over m + kLazyLog2 is one over the row's max.
-      constexpr float kLazyLog2 = 8.f;
-      bool grow = false;
+      for (int h = 0; h < 2; ++h)
+        m[h] = -INFINITY, l[h] = 0.f, cs[h] = row_cs[row0 + 8 * h], end[h] = row_end[row0 + 8 * h];
+      for (int r = 0; r < R; ++r) min_end = min(min_end, row_end[r]);
+      // stmatrix: lane -> row lane % 8 of matrix lane / 8 (h = lane / 8 % 2, j = 2 q4 + lane / 16)
+      const uint32_t p_lane = L::p_at(16 * w + 8 * (lane / 8 % 2) + lane % 8, 8 * (lane / 16));
+      for (int it = 0; it < ntiles; ++it) {
+        mbarrier_wait(kv_full(it % ST), (it / ST) & 1);  // tile it landed
+        fence_proxy_async_smem();  // (a short tile's cp.async writes, before the wgmmas read them)
+        const uint32_t tile = s_base + (it % ST) * Tile::kStageBytes;
+        float s[BN / 2];
+        F::template s_rows<L::kQLbo>(s, tile, q_desc);  // (fenced)
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_fence_regs(s);
+        if constexpr (!F::kPInTile)  // (as the S^T path: tile it - 2's O is done with slot it % 2)
+          if (it >= 2) mbarrier_wait(empty(it % 2), ((it - 2) / 2) & 1);
+        const int tok0 = tok_begin + it * BN;
+        const bool masked = tok0 + BN > min_end;  // (uniform)
+        constexpr float kLazyLog2 = 8.f;  // the lazy rescale, as the S^T path's
+        bool grow = false;
 #pragma unroll
-      for (int k = 0; k < NS; ++k) {
-        const int j = k / 2, e = k % 2;
+        for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          float x = s[4 * j + 2 * r + e] * cs[k];
-          if constexpr (kLo) x = fmaf(s[4 * (j + R / 8) + 2 * r + e], cs[k] * 0.0625f, x);
-          if (masked) x = tok0 + row0 + 8 * r < row_end[8 * j + 2 * t + e] ? x : -INFINITY;
-          s[4 * j + 2 * r + e] = x;  // (in place)
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float x = s[4 * j + 2 * h + e] * cs[h];
+              if (masked) x = tok0 + 8 * j + 2 * t + e < end[h] ? x : -INFINITY;
+              s[4 * j + 2 * h + e] = x;
+              grow |= x > m[h] + kLazyLog2;
+            }
+        grow = named_barrier_or(1, 128, grow);
+        const uint32_t s_pt = F::kPInTile ? tile + F::kPTileOffset : s_p + (it % PS) * L::kPBytes;
+        if (grow) {
+          float* alpha_t = alpha_x + (it % PS) * R;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+            mx = fmaxf(mx, __shfl_xor(mx, 1));
+            mx = fmaxf(mx, __shfl_xor(mx, 2));
+            const float alpha = online_step<Shape::kRowsEndEarly>(m[h], mx);
+            l[h] *= alpha;
+            if (t == 0) alpha_t[row0 + 8 * h] = alpha;
+          }
         }
-        grow |= fmaxf(s[4 * j + e], s[4 * j + 2 + e]) > m[k] + kLazyLog2;
+        if (wt == 0) rescaled[it % PS] = grow;
+        uint32_t ph[BN / 8][2];  // row h's tokens 8 j + 2 t, + 1
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float base = step_base<Shape::kRowsEndEarly>(m[h]);
+#pragma unroll
+          for (int j = 0; j < BN / 8; ++j) {
+            const float p0 = fast_exp2(s[4 * j + 2 * h] - base), p1 = fast_exp2(s[4 * j + 2 * h + 1] - base);
+            l[h] += p0 + p1;
+            ph[j][h] = F::pack_p(p0, p1);
+          }
+        }
+#pragma unroll
+        for (int q4 = 0; q4 < BN / 16; ++q4)
+          stmatrix_x4(s_pt + p_lane + q4 * 2 * L::kPLbo, ph[2 * q4][0], ph[2 * q4][1], ph[2 * q4 + 1][0],
+                      ph[2 * q4 + 1][1]);
+        fence_proxy_async_smem();
+        mbarrier_arrive(full(it % PS));
       }
-      grow = named_barrier_or(1, 128, grow);
-      const uint32_t s_pt = F::kPInTile ? tile + F::kPTileOffset : s_p + (it % PS) * L::kPBytes;
-      if (grow) {
-        float* alpha_t = alpha_x + (it % PS) * R;
-        float mx[NS];  // this warp's max of each row over its 16 tokens
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        l[h] += __shfl_xor(l[h], 1);
+        l[h] += __shfl_xor(l[h], 2);
+        if (t == 0) l_final[row0 + 8 * h] = l[h];
+      }
+      // (pages and the sums' handoff as the S^T path's, below)
+      if (blk.rows.paged() && ntiles > 0) mbarrier_wait(empty((ntiles - 1) % PS), ((ntiles - 1) / PS) & 1);
+      const bool bad = (blk.rows.paged() && *any_bad_page != 0) || blk.seq.bad;
+      mbarrier_arrive(sums_ready);
+      if (t == 0)
+        write_rows(p, blk.qr, splits, [&](const auto& out) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) out.state(row0 + 8 * h, m[h], l[h], bad);
+        });
+    } else {
+      float m[NS], l[NS], cs[NS];  // rows 8 j + 2 t + e, slot k = 2 j + e
+      int min_end = tok_end;       // tiles ending before every row's causal end need no mask
+#pragma unroll
+      for (int k = 0; k < NS; ++k) m[k] = -INFINITY, l[k] = 0.f, cs[k] = row_cs[wg_column(k, t)];
+      for (int r = 0; r < R; ++r) min_end = min(min_end, row_end[r]);
+      // stmatrix: lane -> row lane % 8 of fragment lane / 8 (j = lane / 16, r = lane / 8 % 2) of a group of four
+      const uint32_t p_lane = L::p_at(8 * (lane / 16) + lane % 8, 16 * w + 8 * (lane / 8 % 2));
+      for (int it = 0; it < ntiles; ++it) {
+        mbarrier_wait(kv_full(it % ST), (it / ST) & 1);  // tile it landed
+        fence_proxy_async_smem();  // (a short tile's cp.async writes, before the wgmmas read them)
+        const uint32_t tile = s_base + (it % ST) * Tile::kStageBytes;
+        float s[L::kSN / 2];
+        F::template s_chain<L::kSN, L::kQLbo>(s, tile, q_desc);  // (fenced)
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_fence_regs(s);
+        // this tile's P, factors and flag go to slot it % 2: tile it - 2's O must be done with it
+        // (long since, as a rule: O(it - 1) ran under this S). P in the tile: its slot is this tile's
+        // own, and tile it landed after O(it - 2) was done (its copies go out then): no wait.
+        if constexpr (!F::kPInTile)
+          if (it >= 2) mbarrier_wait(empty(it % 2), ((it - 2) / 2) & 1);
+
+        const int tok0 = tok_begin + it * BN;
+        const bool masked = tok0 + BN > min_end;  // (uniform)
+        // Lazy rescale: the rows keep their base m while no score exceeds it by more than
+        // kLazyLog2 (P <= 2^kLazyLog2 in f16); only a tile where one does meets the rows' maxima
+        // over the 8 lanes and the 4 warps and rescales (the first tile always, as m = -inf). The
+        // test needs no maxima: a score over m + kLazyLog2 is one over the row's max.
+        constexpr float kLazyLog2 = 8.f;
+        bool grow = false;
 #pragma unroll
         for (int k = 0; k < NS; ++k) {
           const int j = k / 2, e = k % 2;
-          mx[k] = fmaxf(s[4 * j + e], s[4 * j + 2 + e]);
 #pragma unroll
-          for (int o2 = 4; o2 < 32; o2 *= 2) mx[k] = fmaxf(mx[k], __shfl_xor(mx[k], o2));
+          for (int r = 0; r < 2; ++r) {
+            float x = s[4 * j + 2 * r + e] * cs[k];
+            if constexpr (kLo) x = fmaf(s[4 * (j + R / 8) + 2 * r + e], cs[k] * 0.0625f, x);
+            if (masked) x = tok0 + row0 + 8 * r < row_end[8 * j + 2 * t + e] ? x : -INFINITY;
+            s[4 * j + 2 * r + e] = x;  // (in place)
+          }
+          grow |= fmaxf(s[4 * j + e], s[4 * j + 2 + e]) > m[k] + kLazyLog2;
         }
-        if (g == 0)
+        grow = named_barrier_or(1, 128, grow);
+        const uint32_t s_pt = F::kPInTile ? tile + F::kPTileOffset : s_p + (it % PS) * L::kPBytes;
+        if (grow) {
+          float* alpha_t = alpha_x + (it % PS) * R;
+          float mx[NS];  // this warp's max of each row over its 16 tokens
 #pragma unroll
-          for (int k = 0; k < NS; ++k) red[w * R + wg_column(k, t)] = mx[k];
-        named_barrier(1, 128);
+          for (int k = 0; k < NS; ++k) {
+            const int j = k / 2, e = k % 2;
+            mx[k] = fmaxf(s[4 * j + e], s[4 * j + 2 + e]);
+#pragma unroll
+            for (int o2 = 4; o2 < 32; o2 *= 2) mx[k] = fmaxf(mx[k], __shfl_xor(mx[k], o2));
+          }
+          if (g == 0)
+#pragma unroll
+            for (int k = 0; k < NS; ++k) red[w * R + wg_column(k, t)] = mx[k];
+          named_barrier(1, 128);
+#pragma unroll
+          for (int k = 0; k < NS; ++k) {
+            const int row = wg_column(k, t);
+            float tm = red[row];
+#pragma unroll
+            for (int ww = 1; ww < 4; ++ww) tm = fmaxf(tm, red[ww * R + row]);
+            const float alpha = online_step<Shape::kRowsEndEarly>(m[k], tm);
+            l[k] *= alpha;
+            if (w == 0 && g == 0) alpha_t[row] = alpha;
+          }
+        }
+        if (wt == 0) rescaled[it % PS] = grow;
+        // P, and P^T into its slot: the thread's scores of rows 8 j + 2 t + {0, 1} at token
+        // row0 + 8 r are one 8 x 8 fragment (j, r) of S^T; stmatrix .trans stores each fragment
+        // as 8 query rows of 8 tokens, the O wgmma's B layout (L::p_at), four fragments an instruction
+        uint32_t ph[R / 4];  // fragment 2 j + r
+#pragma unroll
+        for (int k = 0; k < NS; k += 2) {
+          const int j = k / 2;
+          const float mb0 = step_base<Shape::kRowsEndEarly>(m[k]), mb1 = step_base<Shape::kRowsEndEarly>(m[k + 1]);
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const float p0 = fast_exp2(s[4 * j + 2 * r] - mb0), p1 = fast_exp2(s[4 * j + 2 * r + 1] - mb1);
+            l[k] += p0, l[k + 1] += p1;
+            ph[2 * j + r] = F::pack_p(p0, p1);
+          }
+        }
+#pragma unroll
+        for (int q4 = 0; q4 < R / 16; ++q4)
+          stmatrix_x4_trans(s_pt + p_lane + q4 * 2 * L::kPSbo, ph[4 * q4], ph[4 * q4 + 1], ph[4 * q4 + 2], ph[4 * q4 + 3]);
+        fence_proxy_async_smem();
+        mbarrier_arrive(full(it % PS));
+      }
+      // l over the 8 row lanes and the 4 warps, for the O groups' epilogue; the rows' states
+#pragma unroll
+      for (int k = 0; k < NS; ++k)
+#pragma unroll
+        for (int o2 = 4; o2 < 32; o2 *= 2) l[k] += __shfl_xor(l[k], o2);
+      named_barrier(1, 128);  // (the maxima's last readers are done)
+      if (g == 0)
+#pragma unroll
+        for (int k = 0; k < NS; ++k) red[w * R + wg_column(k, t)] = l[k];
+      named_barrier(1, 128);
+      if (w == 0 && g == 0)
 #pragma unroll
         for (int k = 0; k < NS; ++k) {
           const int row = wg_column(k, t);
-          float tm = red[row];
-#pragma unroll
-          for (int ww = 1; ww < 4; ++ww) tm = fmaxf(tm, red[ww * R + row]);
-          const float alpha = online_step<Shape::kRowsEndEarly>(m[k], tm);
-          l[k] *= alpha;
-          if (w == 0 && g == 0) alpha_t[row] = alpha;
+          l[k] = red[row] + red[R + row] + red[2 * R + row] + red[3 * R + row];
+          l_final[row] = l[k];
         }
-      }
-      if (wt == 0) rescaled[it % PS] = grow;
-      // P, and P^T into its slot: the thread's scores of rows 8 j + 2 t + {0, 1} at token
-      // row0 + 8 r are one 8 x 8 fragment (j, r) of S^T; stmatrix .trans stores each fragment
-      // as 8 query rows of 8 tokens, the O wgmma's B layout (L::p_at), four fragments an instruction
-      uint32_t ph[R / 4];  // fragment 2 j + r
+      // Pages: only the O groups read page ids (their copies); each sets any_bad_page before its
+      // arrivals on empty, so after the last tile's phase group 0 sees it, and so do the O groups
+      // after sums_ready. (No block barrier: one reached from the two roles' code is divergent to
+      // synccheck.)
+      if (blk.rows.paged() && ntiles > 0) mbarrier_wait(empty((ntiles - 1) % PS), ((ntiles - 1) / PS) & 1);
+      const bool bad = (blk.rows.paged() && *any_bad_page != 0) || blk.seq.bad;
+      // l_final for the O groups, through an mbarrier
+      mbarrier_arrive(sums_ready);
+      if (w == 0 && g == 0)
+        write_rows(p, blk.qr, splits, [&](const auto& out) {
 #pragma unroll
-      for (int k = 0; k < NS; k += 2) {
-        const int j = k / 2;
-        const float mb0 = step_base<Shape::kRowsEndEarly>(m[k]), mb1 = step_base<Shape::kRowsEndEarly>(m[k + 1]);
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const float p0 = fast_exp2(s[4 * j + 2 * r] - mb0), p1 = fast_exp2(s[4 * j + 2 * r + 1] - mb1);
-          l[k] += p0, l[k + 1] += p1;
-          ph[2 * j + r] = F::pack_p(p0, p1);
-        }
-      }
-#pragma unroll
-      for (int q4 = 0; q4 < R / 16; ++q4)
-        stmatrix_x4_trans(s_pt + p_lane + q4 * 2 * L::kPSbo, ph[4 * q4], ph[4 * q4 + 1], ph[4 * q4 + 2], ph[4 * q4 + 3]);
-      fence_proxy_async_smem();
-      mbarrier_arrive(full(it % PS));
+          for (int k = 0; k < NS; ++k) out.state(wg_column(k, t), m[k], l[k], bad);
+        });
     }
-    // l over the 8 row lanes and the 4 warps, for the O groups' epilogue; the rows' states
-#pragma unroll
-    for (int k = 0; k < NS; ++k)
-#pragma unroll
-      for (int o2 = 4; o2 < 32; o2 *= 2) l[k] += __shfl_xor(l[k], o2);
-    named_barrier(1, 128);  // (the maxima's last readers are done)
-    if (g == 0)
-#pragma unroll
-      for (int k = 0; k < NS; ++k) red[w * R + wg_column(k, t)] = l[k];
-    named_barrier(1, 128);
-    if (w == 0 && g == 0)
-#pragma unroll
-      for (int k = 0; k < NS; ++k) {
-        const int row = wg_column(k, t);
-        l[k] = red[row] + red[R + row] + red[2 * R + row] + red[3 * R + row];
-        l_final[row] = l[k];
-      }
-    // Pages: only the O groups read page ids (their copies); each sets any_bad_page before its
-    // arrivals on empty, so after the last tile's phase group 0 sees it, and so do the O groups
-    // after sums_ready. (No block barrier: one reached from the two roles' code is divergent to
-    // synccheck.)
-    if (blk.rows.paged() && ntiles > 0) mbarrier_wait(empty((ntiles - 1) % PS), ((ntiles - 1) / PS) & 1);
-    const bool bad = (blk.rows.paged() && *any_bad_page != 0) || blk.seq.bad;
-    // l_final for the O groups, through an mbarrier
-    mbarrier_arrive(sums_ready);
-    if (w == 0 && g == 0)
-      write_rows(p, blk.qr, splits, [&](const auto& out) {
-#pragma unroll
-        for (int k = 0; k < NS; ++k) out.state(wg_column(k, t), m[k], l[k], bad);
-      });
   } else {
     // ======== groups 1, 2: O^T of their 256 dims for all 64 rows ============================
     setmaxnreg_inc<L::kRegsO>();

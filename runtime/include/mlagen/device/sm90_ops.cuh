@@ -237,6 +237,12 @@ MLAGEN_DEVICE void stmatrix_x4_trans(uint32_t addr, uint32_t a, uint32_t b, uint
   asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(a), "r"(b),
                "r"(c), "r"(d) : "memory");
 }
+// The same, each stored as it is (lane 8 i + q: the address of stored row q of matrix i, the
+// fragment's row q).
+MLAGEN_DEVICE void stmatrix_x4(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(a), "r"(b), "r"(c),
+               "r"(d) : "memory");
+}
 // Four 8 x 8 b16 matrices into the mma fragment layout (thread 4 g + t of matrix i: row g, columns
 // 2 t, 2 t + 1 in register i): lane 8 i + q gives the address of row q of matrix i (16 bytes).
 MLAGEN_DEVICE void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
