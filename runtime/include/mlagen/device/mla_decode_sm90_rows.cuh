@@ -182,7 +182,9 @@ struct RowsKv<KvFormat::kFp8, kStages> : RowsStored {
   static constexpr int kQRowBytes = kQkDim;  // q staged as e4m3
   static constexpr bool q_split(QFormat q) { return q == QFormat::kBf16; }
   static constexpr bool kPInTile = false;  // P^T has two slots of its own
-  static constexpr bool kSRowsAsM = false;  // S^T: a bf16 q's hi and lo parts are the N columns
+  // S's orientation at 64 rows: a bf16 q's hi and lo parts are S^T's N columns (s_chain); an fp8 q
+  // is one part, so S = Q K^T with the rows as M (s_rows)
+  static constexpr bool s_rows_as_m(QFormat q) { return !q_split(q); }
   static constexpr uint32_t kPTileOffset = 0, kPTileBytes = 0;
   // what one O group brings: two atoms (its V dims) and one rope box (half the rows)
   static constexpr uint32_t kGroupBytes = 2 * Tile::kAtom128Bytes + KvMapsAbi::kRopeBoxRows * KvMapsAbi::kRopeBoxBytes;
@@ -251,6 +253,25 @@ struct RowsKv<KvFormat::kFp8, kStages> : RowsStored {
         if (ks == 0) wgmma_m64n32k32_e4m3_ss_first(s, a, b);
         else wgmma_m64n32k32_e4m3_ss(s, a, b, 1);
       }
+    }
+  }
+
+  // S = Q K^T for one q part (an fp8 q), the query rows the wgmma's M (64): s_chain's 18 k-steps with
+  // the operands swapped (A = q as staged, K-major core matrices; B = the tile), from the fence on
+  template <int kQLbo>
+  MLAGEN_DEVICE static void s_rows(float (&s)[Tile::kBlockN / 2], uint32_t tile, uint64_t q_desc) {
+    using namespace sm90;
+    static_assert(Tile::kBlockN == 64, "S = Q K^T: m64n64k32");
+    const uint64_t k_desc = wgmma_desc(tile, 16, 1024, WgmmaSwizzle::k128B);
+    const uint64_t rope_desc = wgmma_desc(tile + Tile::kRopeOffset, 16, 512, WgmmaSwizzle::k64B);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < Tile::kChunksPerRow / 2; ++ks) {
+      const uint64_t a = wgmma_desc_advance(q_desc, 2 * ks * kQLbo);
+      const uint64_t b = ks < 16 ? wgmma_desc_advance(k_desc, (ks / 4) * Tile::kAtom128Bytes + (ks % 4) * 32)
+                                 : wgmma_desc_advance(rope_desc, (ks - 16) * 32);
+      if (ks == 0) wgmma_m64n64k32_e4m3_ss_first(s, a, b);
+      else wgmma_m64n64k32_e4m3_ss(s, a, b, 1);
     }
   }
 
@@ -330,7 +351,7 @@ struct RowsKv<KvFormat::kBf16, kStages> : RowsStored {
   static constexpr bool q_split(QFormat) { return false; }
   static constexpr int kRopeAtom = Tile::kAtoms - 1;  // atoms 0..7: V; atom 8: the rope dims
   static constexpr bool kPInTile = true;  // a tile's P^T: in its rope atom, from S's end to O's
-  static constexpr bool kSRowsAsM = true;  // at 64 rows S = Q K^T (s_rows), at 32 S^T (s_chain)
+  static constexpr bool s_rows_as_m(QFormat) { return true; }  // at 64 rows S = Q K^T (s_rows), at 32 S^T
   static constexpr uint32_t kPTileOffset = kRopeAtom * Tile::kAtomBytes, kPTileBytes = Tile::kAtomBytes;
   // what one O group brings: its four V atoms; group 1 (oc 0) also the rope atom (two boxes of 32 rows)
   MLAGEN_DEVICE static constexpr uint32_t group_bytes(int oc) {
@@ -592,7 +613,7 @@ struct RowsLayout {
   static constexpr int kSlots = kRows / 4;  // query rows a group-0 thread holds (S^T columns 8 j + 2 t + e)
   static constexpr bool kQLo = F::q_split(kQ_);
   // S's orientation: the query rows as the wgmma's M (the policy's s_rows, 64 rows) or its N (s_chain)
-  static constexpr bool kSRowsAsM = F::kSRowsAsM && kRows == 64;
+  static constexpr bool kSRowsAsM = F::s_rows_as_m(kQ_) && kRows == 64;
   static constexpr int kSN = kQLo ? 2 * kRows : kRows;  // N of the S^T chain
   static constexpr int kQLbo = 128, kQSbo = F::kQRowBytes / 16 * 128, kQBytes = kSN / 8 * kQSbo;
   static constexpr int kPLbo = 128, kPSbo = kBlockN / 8 * 128, kPBytes = kRows / 8 * kPSbo;  // one slot
@@ -615,7 +636,10 @@ struct RowsLayout {
   // setmaxnreg moves registers within the block's launch allocation (ptxas: 65536 / 384 threads,
   // rounded down to 8: 168 a thread); the warpgroups' counts after it must fit in it, or an O
   // group's setmaxnreg.inc waits forever (144 / 184 / 184 = 512 > 504 hung the block)
-  static constexpr int kRegsS = 152, kRegsO = 176, kRegsAtLaunch = 65536 / kThreads / 8 * 8;
+  // (S with the rows as M: group 0 holds two rows' state a thread, not R / 4 rows', and its code
+  // needs ~72 registers: the O groups take the rest, 104 / 200 / 200: no spill in any 64-row kernel that has S so)
+  static constexpr int kRegsS = kSRowsAsM ? 104 : 152, kRegsO = kSRowsAsM ? 200 : 176,
+                       kRegsAtLaunch = 65536 / kThreads / 8 * 8;
   static_assert(kRegsS + 2 * kRegsO <= 3 * kRegsAtLaunch, "setmaxnreg over the block's registers");
   MLAGEN_DEVICE static uint32_t q_at(int row, int byte) {
     return (row / 8) * kQSbo + (byte / 16) * kQLbo + (row % 8) * 16 + byte % 16;
