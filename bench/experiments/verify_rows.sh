@@ -16,7 +16,7 @@
 #           built for the bench call.
 # bench:    bench.py --rows (32-128 heads with FlashMLA bf16; 16 heads x q_len 1/2/4) on wip/next,
 #           wip/rows-pv and this tree, alternated twice; the mxfp4 rows bench.
-# If a test fails here, bench/experiments/verify_rows_pv.sh on wip/rows-pv verifies the O step alone.
+# If a test fails here, bench/experiments/verify_rows_pv.sh on branch wip/rows-pv verifies the O step alone.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"

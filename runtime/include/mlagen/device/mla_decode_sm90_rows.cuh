@@ -670,6 +670,25 @@ struct RowsTiling {
   static constexpr int kMinBlocksPerSm = 1;
 };
 
+// S's scores with the query rows as M (s[4 j + 2 h + e]: row 16 w + g + 8 h, token tok0 + 8 j + 2 t + e
+// of the tile), in place: times the row's factor cs[h], -inf at and past the row's causal end end[h]
+// where the tile is masked; fn(h, x) sees each.
+template <int kN, class Fn>
+MLAGEN_DEVICE void scale_rows_m(float (&s)[kN], const float (&cs)[2], const int (&end)[2], int tok0, bool masked, int t,
+                                Fn&& fn) {
+#pragma unroll
+  for (int j = 0; j < kN / 4; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float x = s[4 * j + 2 * h + e] * cs[h];
+        if (masked) x = tok0 + 8 * j + 2 * t + e < end[h] ? x : -INFINITY;
+        s[4 * j + 2 * h + e] = x;
+        fn(h, x);
+      }
+}
+
 template <class T, class Shape>
 MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* smem) {
   using namespace sm90;
@@ -827,17 +846,7 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
         const bool masked = tok0 + BN > min_end;  // (uniform)
         constexpr float kLazyLog2 = 8.f;  // the lazy rescale, as the S^T path's
         bool grow = false;
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              float x = s[4 * j + 2 * h + e] * cs[h];
-              if (masked) x = tok0 + 8 * j + 2 * t + e < end[h] ? x : -INFINITY;
-              s[4 * j + 2 * h + e] = x;
-              grow |= x > m[h] + kLazyLog2;
-            }
+        scale_rows_m(s, cs, end, tok0, masked, t, [&](int h, float x) { grow |= x > m[h] + kLazyLog2; });
         grow = named_barrier_or(1, 128, grow);
         const uint32_t s_pt = F::kPInTile ? tile + F::kPTileOffset : s_p + (it % PS) * L::kPBytes;
         if (grow) {
