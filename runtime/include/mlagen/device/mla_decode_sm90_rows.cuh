@@ -689,6 +689,24 @@ MLAGEN_DEVICE void scale_rows_m(float (&s)[kN], const float (&cs)[2], const int 
       }
 }
 
+// P = 2^(x - the row's base) of the rows-as-M scores, in place (s[4 j + 2 h + e]); the row's partial sum
+// into l[h]; packed (F::pack_p) as the O wgmma's A fragments, a[ks]: k-step ks (tokens 16 ks ..), the
+// order stmatrix / ldmatrix take four 8 x 8 matrices in (rows + 8 (i % 2), tokens + 8 (i / 2))
+template <class F, bool kEarly, int kN>
+MLAGEN_DEVICE void exp_rows_m(float (&s)[kN], const float (&m)[2], float (&l)[2], uint32_t (&a)[kN / 8][4]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float base = step_base<kEarly>(m[h]);
+#pragma unroll
+    for (int j = 0; j < kN / 4; ++j) {
+      const float p0 = fast_exp2(s[4 * j + 2 * h] - base), p1 = fast_exp2(s[4 * j + 2 * h + 1] - base);
+      l[h] += p0 + p1;
+      s[4 * j + 2 * h] = p0, s[4 * j + 2 * h + 1] = p1;
+      a[j / 2][2 * (j % 2) + h] = F::pack_p(p0, p1);
+    }
+  }
+}
+
 template <class T, class Shape>
 MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* smem) {
   using namespace sm90;
@@ -864,21 +882,11 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
           }
         }
         if (wt == 0) rescaled[it % PS] = grow;
-        uint32_t ph[BN / 8][2];  // row h's tokens 8 j + 2 t, + 1
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float base = step_base<Shape::kRowsEndEarly>(m[h]);
-#pragma unroll
-          for (int j = 0; j < BN / 8; ++j) {
-            const float p0 = fast_exp2(s[4 * j + 2 * h] - base), p1 = fast_exp2(s[4 * j + 2 * h + 1] - base);
-            l[h] += p0 + p1;
-            ph[j][h] = F::pack_p(p0, p1);
-          }
-        }
+        uint32_t pa[BN / 16][4];
+        exp_rows_m<F, Shape::kRowsEndEarly>(s, m, l, pa);
 #pragma unroll
         for (int q4 = 0; q4 < BN / 16; ++q4)
-          stmatrix_x4(s_pt + p_lane + q4 * 2 * L::kPLbo, ph[2 * q4][0], ph[2 * q4][1], ph[2 * q4 + 1][0],
-                      ph[2 * q4 + 1][1]);
+          stmatrix_x4(s_pt + p_lane + q4 * 2 * L::kPLbo, pa[q4][0], pa[q4][1], pa[q4][2], pa[q4][3]);
         fence_proxy_async_smem();
         mbarrier_arrive(full(it % PS));
       }
