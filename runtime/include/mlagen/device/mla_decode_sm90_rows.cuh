@@ -993,7 +993,8 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
         }
 #pragma unroll
         for (int q4 = 0; q4 < R / 16; ++q4)
-          stmatrix_x4_trans(s_pt + p_lane + q4 * 2 * L::kPSbo, ph[4 * q4], ph[4 * q4 + 1], ph[4 * q4 + 2], ph[4 * q4 + 3]);
+          stmatrix_x4_trans(s_pt + p_lane + q4 * 2 * L::kPSbo, ph[4 * q4], ph[4 * q4 + 1], ph[4 * q4 + 2],
+                            ph[4 * q4 + 3]);
         fence_proxy_async_smem();
         mbarrier_arrive(full(it % PS));
       }
