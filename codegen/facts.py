@@ -39,6 +39,9 @@ ABI_VERSION = 5       # mlagen_problem.abi_version (mlagen.h MLAGEN_ABI_VERSION)
 #   archs        the archs whose bodies implement it
 #   warpgroup_stages  sm90a's 16-row warpgroup body: (the most stages, the most that leave two blocks
 #                an SM); fp8 / mxfp4 stages are 37 / 21 KB, a bf16 one 72 KB
+#   rows_tile    the tile sm90a's rows body (32 / 64 query rows a block) holds: "e4m3" (the fp8 rows as
+#                stored), "bf16" (the bf16 rows as stored), "bf16_expanded" (a format's rows expanded
+#                into the bf16 tile on the way in); None: no rows body (codegen/spec.py ROWS_TILES)
 @dataclass(frozen=True)
 class KvFormatFacts:
     code: int
@@ -52,17 +55,18 @@ class KvFormatFacts:
     bf16_operand: bool
     archs: tuple
     warpgroup_stages: tuple
+    rows_tile: str | None = None
 
 
 KV_FORMATS = {
     "bf16": KvFormatFacts(1, "bf16", ("bfloat16",), 1152, 2, 0, 0, "KvFormat::kBf16", True,
-                          ("sm90a", "gfx950", "gfx942"), (2, 0)),
+                          ("sm90a", "gfx950", "gfx942"), (2, 0), "bf16"),
     "fp8e4m3fn": KvFormatFacts(2, "fp8", ("float8_e4m3fn",), 576, 1, 1, 0, "KvFormat::kFp8", False,
-                               ("sm90a", "gfx950"), (5, 2)),
+                               ("sm90a", "gfx950"), (5, 2), "e4m3"),
     "fp8e4m3fnuz": KvFormatFacts(3, "fp8", ("float8_e4m3fnuz",), 576, 1, 1, 0, "KvFormat::kFp8", False,
                                  ("gfx942",), (5, 2)),
     "mxfp4": KvFormatFacts(4, "mxfp4", ("uint8", "float4_e2m1fn_x2"), 288, 1, 2, 32, "KvFormat::kMxfp4", True,
-                           ("sm90a", "gfx950", "gfx942"), (5, 2)),
+                           ("sm90a", "gfx950", "gfx942"), (5, 2), "bf16_expanded"),
 }
 # the names callers pass, in the order the binding lists them (fp8 first: the leaderboard's)
 KV_BINDINGS = ("fp8",) + tuple(dict.fromkeys(f.binding for f in KV_FORMATS.values() if f.binding != "fp8"))

@@ -117,32 +117,42 @@ ROWS_A_BLOCK = 16  # query rows a row group (shapes.cuh QueryRows::kRows): the b
 # (a format is a policy of the body: RowsKv), one block an SM
 ROWS_BODY_BLOCK_M = 64  # the rows of 64 and more
 ROWS_BODY_BLOCK_MS = (32, 64)  # 32: heads x q_len of 32 (32 heads, or 16 heads x 2 tokens); a generic kernel each
-# (arch, kv dtype) -> the rows body's tiles: where it exists, and what its kernels are built with.
+# The rows body's tiles (facts.py KV_FORMATS rows_tile), with what their kernels are built with.
 # Stages by (block_m, q dtype), also the validation's limit: the O groups hold one ring slot while
 # S reads the next, so the body wants several stages beside Q and the P slots, under 227 KB.
-# fp8 KV (36 KB stages; Q block_m x 576 bytes, twice for a bf16 q's hi + lo; two P slots of
+# "e4m3", fp8 KV (36 KB stages; Q block_m x 576 bytes, twice for a bf16 q's hi + lo; two P slots of
 # block_m x 64 f16): 64 rows as many as fit; 32 rows 4 with a bf16 q (5 fit; 5 measured 159.8
 # against 157.3 us with 4, in a build whose wgmmas ptxas had serialized: no measured gain), 5 with
-# an fp8 q. bf16 KV (72 KB stages, Q block_m x 1152 bytes of bf16 for either q): 2, all that fits
-# (64 rows: 144 + 72 KB of Q = 216 KB; each tile's P^T goes into its own rope atom, 219 KB in all).
-ROWS_BODY = {("sm90a", "fp8e4m3fn"): dict(block_n=WARPGROUP_BLOCK_N, stage_kb=36,
-                                          stages={(64, "bf16"): 3, (64, "fp8"): 4, (32, "bf16"): 4, (32, "fp8"): 5}),
-             ("sm90a", "bf16"): dict(block_n=WARPGROUP_BLOCK_N, stage_kb=72,
-                                     stages={(64, "bf16"): 2, (64, "fp8"): 2, (32, "bf16"): 2, (32, "fp8"): 2})}
+# an fp8 q. "bf16" (72 KB stages, Q block_m x 1152 bytes of bf16 for either q): 2, all that fits
+# (64 rows: 144 + 72 KB of Q = 216 KB; each tile's P^T goes into its own rope atom, 219 KB in all);
+# "bf16_expanded" (mxfp4): the bf16 tile, each O thread reading its share of the next tile's rows
+# into registers (no staging memory); 32 rows only: at 64 rows those ~25 registers beside the 128
+# accumulators made ptxas spill (334 B stored / 888 B loaded, in every warpgroup's code), so 64..128
+# rows a sequence run in blocks of 32.
+ROWS_TILES = {"e4m3": dict(block_n=WARPGROUP_BLOCK_N, stage_kb=36,
+                           stages={(64, "bf16"): 3, (64, "fp8"): 4, (32, "bf16"): 4, (32, "fp8"): 5}),
+              "bf16": dict(block_n=WARPGROUP_BLOCK_N, stage_kb=72,
+                           stages={(64, "bf16"): 2, (64, "fp8"): 2, (32, "bf16"): 2, (32, "fp8"): 2})}
+ROWS_TILES["bf16_expanded"] = dict(ROWS_TILES["bf16"], stages={k: n for k, n in ROWS_TILES["bf16"]["stages"].items()
+                                                                if k[0] == 32})
+# (arch, kv dtype) -> the rows body's tiles: where it exists
+ROWS_BODY = {("sm90a", name): ROWS_TILES[f.rows_tile] for name, f in KV_FORMATS.items()
+             if f.rows_tile is not None and "sm90a" in f.archs}
 
 
 def rows_body_tiles(arch: str, q_dtype: str, kv_dtype: str, rows: int | None = None,
                     block_m: int | None = None) -> dict | None:
     """The rows body's KernelSpec tiles (block_n, stages, block_m) for these formats and
-    heads x q_len rows (the largest block_m that divides them), or for block_m itself (a generic
-    rows kernel), or None where it does not apply."""
+    heads x q_len rows (the largest block_m the tile has that divides them), or for block_m itself
+    (a generic rows kernel), or None where it does not apply."""
     tiles = ROWS_BODY.get((arch, kv_dtype))
     if tiles is None:
         return None
     if block_m is None:
         rows = ROWS_BODY_BLOCK_M if rows is None else rows
-        block_m = next((m for m in sorted(ROWS_BODY_BLOCK_MS, reverse=True) if rows % m == 0), None)
-    if block_m is None:
+        block_m = next((m for m in sorted(ROWS_BODY_BLOCK_MS, reverse=True)
+                        if rows % m == 0 and (m, q_dtype) in tiles["stages"]), None)
+    if block_m is None or (block_m, q_dtype) not in tiles["stages"]:
         return None
     return dict(block_n=tiles["block_n"], stages=tiles["stages"][(block_m, q_dtype)], block_m=block_m)
 
@@ -408,8 +418,11 @@ class KernelSpec:
             if self.page_size:
                 bad("page_size", f"0 with block_m {self.block_m} (the rows body's kernels read contiguous rows; paged "
                                  "problems take the generic kernel)")
-            top = tiles["stages"][(self.block_m, self.q_dtype)]
-            if not 2 <= self.stages <= top:
+            top = tiles["stages"].get((self.block_m, self.q_dtype)) if tiles else None
+            if tiles and top is None:
+                bad("block_m", f"one of {sorted({m for m, _ in tiles['stages']})} with {self.kv_dtype} KV (the rows "
+                               "body's blocks for this format)")
+            elif top is not None and not 2 <= self.stages <= top:
                 bad("stages", f"{'2' if top == 2 else f'2..{top}'} with block_m {self.block_m}, a {self.q_dtype} q "
                               f"and {self.kv_dtype} KV (the rows body: {tiles['stage_kb']} KB a stage beside q and "
                               "the P slots, under 227 KB)")

@@ -12,7 +12,7 @@ How D starts:
   "zero"  D = A * B^T (the first k-step): D is only written ("=f" operands)
   "acc"   D += A * B^T
 16-bit types carry the transpose immediates (tnspA for "ss", tnspB): 1 reads that operand M- (N-)
-major through its descriptor's layout."""
+major through its descriptor's layout (the M-major layout sm90_ops.cuh describes, along N for B)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,9 +25,10 @@ class Wgmma:
     dtype: str      # A and B: "e4m3", "bf16" or "f16"
     a: str          # "ss" (A by descriptor) or "rs" (A in registers)
     d: str          # "pred", "zero" or "acc"
-    suffix: str     # the wrapper's name after wgmma_m64n{n}k{k}_{dtype}_{a}: "", "_first", "_mn"
+    suffix: str     # the wrapper's name after wgmma_m64n{n}k{k}_{dtype}_{a}: "", "_first", "_mn", "_nb"
     doc: str        # one line, what it is for (the comment above the wrapper)
     tnsp_a: int = 0  # 16-bit "ss" only: A M-major (the descriptor's transpose bit)
+    tnsp_b: int = 0  # 16-bit only: B N-major
 
     @property
     def name(self) -> str:
@@ -54,7 +55,7 @@ class Wgmma:
         scale_d = {"pred": "p", "zero": "0", "acc": "1"}[self.d]
         imm = [scale_d, "1", "1"]
         if self.dtype != "e4m3":  # the transpose immediates of the 16-bit types
-            imm += [str(self.tnsp_a), "0"] if self.a == "ss" else ["0"]
+            imm += [str(self.tnsp_a), str(self.tnsp_b)] if self.a == "ss" else [str(self.tnsp_b)]
         instr = (f"wgmma.mma_async.sync.aligned.m64n{self.n}k{self.k}.f32.{self.dtype}.{self.dtype} "
                  f"{dlist}, {ops}, {', '.join(imm)};")
         if self.d == "pred":
@@ -81,10 +82,11 @@ WGMMA = (
     Wgmma(16, 16, "bf16", "ss", "acc", "_mn", "its O^T: A = V^T read M-major through the descriptor", tnsp_a=1),
     Wgmma(64, 16, "bf16", "ss", "pred", "", "the rows body's bf16 S^T, 64 rows"),
     Wgmma(64, 16, "bf16", "ss", "zero", "_first", "the same, the first k-step"),
-    Wgmma(64, 16, "bf16", "ss", "acc", "_mn", "its O^T, A = V^T M-major", tnsp_a=1),
     Wgmma(32, 16, "bf16", "ss", "pred", "", "the rows body's bf16 S^T, 32 rows"),
     Wgmma(32, 16, "bf16", "ss", "zero", "_first", "the same, the first k-step"),
     Wgmma(32, 16, "bf16", "ss", "acc", "_mn", "its O^T, A = V^T M-major", tnsp_a=1),
+    Wgmma(256, 16, "bf16", "rs", "acc", "_nb", "the rows body's bf16 O at 64 rows: A = P in registers, B = V N-major "
+          "(4 atoms of 64 dims, LBO apart)", tnsp_b=1),
     Wgmma(128, 32, "e4m3", "ss", "acc", "", "the rows body's S^T of a bf16 q at 64 rows (hi + lo: N = 128)"),
     Wgmma(128, 32, "e4m3", "ss", "zero", "_first", "the same, the first k-step"),
 )
@@ -104,3 +106,5 @@ def check_table(rows=WGMMA) -> None:
             raise ValueError(f"{w.name}: n={w.n} k={w.k}: not a wgmma shape of {w.dtype}")
         if w.tnsp_a and (w.dtype == "e4m3" or w.a != "ss"):
             raise ValueError(f"{w.name}: tnsp_a: only the 16-bit types' descriptor A has a transpose")
+        if w.tnsp_b and w.dtype == "e4m3":
+            raise ValueError(f"{w.name}: tnsp_b: only the 16-bit types' B has a transpose")

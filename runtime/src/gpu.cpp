@@ -474,8 +474,11 @@ mlagen_status encode_kv_maps(const void* kv, int64_t rows, int64_t stride_bytes,
   const mlagen_status st = api(&a);
   if (st != MLAGEN_OK) return st;
   using M = device::KvMapsAbi;
-  const bool bf16 = row_bytes == M::kRowBytesBf16;  // else fp8 rows of 576 bytes
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(bf16 ? M::kRowBytesBf16 : 576), static_cast<cuuint64_t>(rows)};
+  if (!M::mapped(row_bytes))
+    return fail(MLAGEN_ERR_UNSUPPORTED, "KV tensor maps: rows of %d bytes (expected %d or %d)", row_bytes, M::kRowBytesFp8,
+                M::kRowBytesBf16);
+  const bool bf16 = row_bytes == M::kRowBytesBf16;  // else fp8 rows
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(row_bytes), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(stride_bytes)};
   const cuuint32_t unit[2] = {1, 1};
   const cuuint32_t main_box[2] = {M::kMainBoxBytes, M::kMainBoxRows};

@@ -100,7 +100,7 @@ mlagen_status kv_maps(const Params& p, int32_t row_bytes, device::KvMapsAbi* map
     return MLAGEN_OK;
   }
   *maps = device::KvMapsAbi{};
-  if (p.total_kv <= 0) return MLAGEN_OK;  // no rows, no copies
+  if (p.total_kv <= 0 || !device::KvMapsAbi::mapped(row_bytes)) return MLAGEN_OK;  // no rows, or no tensor copies
   if (p.total_kv > 0x7fffffffll)
     return fail(MLAGEN_ERR_INVALID, "total_kv=%lld: expected at most 2^31 - 1 KV rows for the rows body",
                 static_cast<long long>(p.total_kv));

@@ -813,7 +813,8 @@ PyObject* fast_decode(PyObject*, PyObject* const* args, Py_ssize_t n) {
 
 // ---- the leaderboard's call, config included ------------------------------------------------------
 // decode()'s plain case and the leaderboard entry: (q, kv_data, qo_indptr, kv_indptr, config,
-// kv_format, q_dtype), kv_data the leaderboard's dict or one entry of it, config read through the
+// kv_format, q_dtype), and decode()'s paged call with (page_table, kv_lens, page_size, kv_indices,
+// kv_last_page_len) after them; kv_data the leaderboard's dict or one entry of it, config read through the
 // fields the binding parsed from an equal config last (remember_config). The Python layers between a
 // caller and fast_decode (the entry's unpacking, the config's cache, the shape checks against it)
 // cost ~2 us of host time a call on the H200's host, half a launch (docs/perf.md, the serving
@@ -851,8 +852,9 @@ bool known(c10::string_view v, const char* const* names, size_t n) {
 
 PyObject* fast_call(PyObject*, PyObject* const* args, Py_ssize_t n) {
   HANDLE_TH_ERRORS
-  if (n != 7) {
-    PyErr_Format(PyExc_TypeError, "mlagen fast call: %zd arguments, expected 7", n);
+  if (n != 7 && n != 12) {
+    PyErr_Format(PyExc_TypeError, "mlagen fast call: %zd arguments, expected 7 (or 12: then the page arguments "
+                 "page_table, kv_lens, page_size, kv_indices, kv_last_page_len)", n);
     return nullptr;
   }
   if (c10::impl::TorchDispatchModeTLS::stack_len() > 0 || at::hasCallbacks()) Py_RETURN_NOTIMPLEMENTED;
@@ -891,11 +893,17 @@ PyObject* fast_call(PyObject*, PyObject* const* args, Py_ssize_t n) {
   }
   ok = ok && fast_tensor(args[0], &c.t[kQ], false) && fast_tensor(args[2], &c.t[kQo], false) &&
        fast_tensor(args[3], &c.t[kKvIndptr], true);
+  int64_t page_size = 0;
+  if (n == 12)
+    ok = ok && fast_tensor(args[7], &c.t[kPageTable], true) && fast_tensor(args[8], &c.t[kKvLens], true) &&
+         fast_int(args[9], &page_size) && fast_tensor(args[10], &c.t[kKvIndices], true) &&
+         fast_tensor(args[11], &c.t[kLastPage], true);
+  if (!ok) PyErr_Clear();
   const ConfigFields& f = g_fields;
   if (!ok || (f.batch >= 0 && c.t[kQo]->numel() != f.batch + 1) ||
       (f.heads >= 0 && c.t[kQ]->dim() == 3 && c.t[kQ]->size(1) != f.heads))
     Py_RETURN_NOTIMPLEMENTED;  // the binding's checks name it
-  set_scalars(&c, kv_format, q_dtype, f.kv_len, f.sm_scale, f.q_len >= 0 ? f.q_len : 0, 0, false);
+  set_scalars(&c, kv_format, q_dtype, f.kv_len, f.sm_scale, f.q_len >= 0 ? f.q_len : 0, page_size, false);
   // the KV tensors are the dict's: held while the call runs without the GIL (another thread may
   // change the dict meanwhile)
   struct Hold {

@@ -267,7 +267,6 @@ def test_bf16_kv_takes_the_rows_body_as_a_format_policy():
                                                                                             block_m=block_m)
             with pytest.raises(SpecError, match="stages=3: expected 2 "):
                 KernelSpec("sm90a", 64, 8192, 1, q, "bf16", num_heads=heads, block_n=64, stages=3, block_m=block_m)
-    assert spec_mod.rows_body_tiles("sm90a", "bf16", "mxfp4", rows=128) is None  # mxfp4: the 16-row kernel
     cat = build_catalog(archs=["sm90a"])
     got = {(k.num_heads, k.batch, k.kv_len): k for k in cat if k.kv_dtype == "bf16" and k.rows_body and not k.generic}
     for (heads, batch, kv_len), block_m in (((128, 64, 8192), 64), ((64, 64, 8192), 64), ((32, 64, 8192), 32),
@@ -276,6 +275,37 @@ def test_bf16_kv_takes_the_rows_body_as_a_format_policy():
         assert (k.block_m, k.stages, k.q_dtype, k.body) == (block_m, 2, "bf16", "sm90_rows"), k.name
     generic = sorted((k.q_dtype, k.block_m) for k in cat if k.role == 3 and k.kv_dtype == "bf16")
     assert generic == [("bf16", 32), ("bf16", 64), ("fp8", 32), ("fp8", 64)], generic
+
+
+def test_mxfp4_takes_the_rows_body_expanded_into_the_bf16_tile():
+    """mxfp4 KV reaches the rows body through the expanded policy (RowsKv's primary template: the bf16
+    tile, its O threads reading the packed rows and scales into registers a tile ahead): the facts
+    table names its tile "bf16_expanded" and spec.ROWS_BODY follows the table; 32 rows a block only
+    (at 64 the registers held ahead spilled), so 64..128 rows take blocks of 32 and block_m 64 is
+    refused naming the field; the catalog builds its two generic rows kernels (role 3) and they
+    carry the format in their tiling."""
+    from codegen import spec as spec_mod
+    from codegen.catalog import build_catalog
+    from codegen.facts import KV_FORMATS
+    from codegen.generate import tiling_expr
+    assert {k: f.rows_tile for k, f in KV_FORMATS.items()} == {
+        "bf16": "bf16", "fp8e4m3fn": "e4m3", "fp8e4m3fnuz": None, "mxfp4": "bf16_expanded"}
+    assert set(spec_mod.ROWS_BODY) == {("sm90a", "bf16"), ("sm90a", "fp8e4m3fn"), ("sm90a", "mxfp4")}
+    for q in ("bf16", "fp8"):
+        for rows in (32, 64, 128, 96):
+            assert spec_mod.rows_body_tiles("sm90a", q, "mxfp4", rows=rows) == dict(block_n=64, stages=2, block_m=32)
+        assert spec_mod.rows_body_tiles("sm90a", q, "mxfp4", rows=16) is None
+        assert spec_mod.rows_body_tiles("sm90a", q, "mxfp4", block_m=64) is None
+        with pytest.raises(SpecError, match="block_m=64: expected one of \\[32\\] with mxfp4 KV"):
+            KernelSpec("sm90a", 0, 0, 0, q, "mxfp4", block_n=64, stages=2, block_m=64)
+        with pytest.raises(SpecError, match="stages=3: expected 2 "):
+            KernelSpec("sm90a", 0, 0, 0, q, "mxfp4", block_n=64, stages=3, block_m=32)
+    s = KernelSpec("sm90a", 0, 0, 0, "bf16", "mxfp4", block_n=64, stages=2, block_m=32)
+    assert s.body == "sm90_rows" and s.rows_body and KernelSpec.parse(s.name) == s
+    assert tiling_expr(s) == "mlagen::device::RowsTiling</*stages=*/2, QFormat::kBf16, /*rows=*/32, KvFormat::kMxfp4>"
+    cat = build_catalog(archs=["sm90a"])
+    generic = sorted((k.q_dtype, k.block_m) for k in cat if k.role == 3 and k.kv_dtype == "mxfp4")
+    assert generic == [("bf16", 32), ("fp8", 32)], generic
 
 
 def test_every_generated_kernel_names_its_body():
@@ -340,3 +370,7 @@ def test_wgmma_table_holds_every_wrapper_the_device_code_calls():
     text, outputs, inputs = wgmma.Wgmma(32, 32, "e4m3", "rs", "acc", "", "").asm()
     assert "{%16,%17,%18,%19}, %20, 1, 1, 1;" in text and inputs.endswith('"l"(desc_b)')
     assert '"=f"' in wgmma.Wgmma(128, 32, "e4m3", "ss", "zero", "_first", "").asm()[1]
+    text, outputs, inputs = wgmma.Wgmma(256, 16, "bf16", "rs", "acc", "_nb", "", tnsp_b=1).asm()
+    assert "{%128,%129,%130,%131}, %132, 1, 1, 1, 1;" in text and outputs.count('"+f"') == 128  # tnspB last
+    with pytest.raises(ValueError, match="tnsp_b"):
+        wgmma.check_table((wgmma.Wgmma(64, 32, "e4m3", "rs", "acc", "", "e4m3 has no transpose", tnsp_b=1),))

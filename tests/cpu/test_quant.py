@@ -247,3 +247,69 @@ def test_task_inputs_without_the_package_on_the_path():
             "print(ti.generate_input(1, 32, seed=1, device='cpu')[1]['mxfp4'][1].shape)\n")
     r = _python(code, [ROOT])
     assert r.returncode == 0 and "torch.Size([256, 24])" in r.stdout, r.stdout + r.stderr  # 32 rows, padded
+
+
+# ------------------------------------------------- the sm90a rows body's mxfp4 expansion, modelled
+
+def _prmt(a, b, sel):
+    """PTX prmt.b32 (default mode): byte j of the result is byte (sel nibble j & 7) of {b, a}, or that
+    byte's sign bit replicated where the nibble's bit 3 is set."""
+    src = [(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)]
+    out = 0
+    for j in range(4):
+        s = (sel >> (4 * j)) & 0xF
+        v = src[s & 7]
+        out |= ((0xFF if v & 0x80 else 0) if s & 8 else v) << (8 * j)
+    return out
+
+
+def test_rows_body_mxfp4_expansion_is_the_dequantization_in_bf16():
+    """The rows body expands mxfp4 into its bf16 tile through a table a scale byte (formats.cuh
+    MxBf16Block::build_tables: the bf16 bytes of the 8 E2M1 magnitudes x 2^(s - 127)) and a prmt
+    sequence (sm90_ops.cuh e2m1x8_to_bf16). Its constants are read from the source, in order, and a
+    model of it gives, for every scale byte 0..254 and random packed words (every sign, code and
+    zero), exactly the bits of quant.dequantize_mxfp4's values rounded to bf16 (exact: at most two
+    significant bits), subnormals and overflow to inf included."""
+    import re
+    import struct
+    src = open(os.path.join(ROOT, "runtime/include/mlagen/device/sm90_ops.cuh")).read()
+    body = src[src.index("void e2m1x8_to_bf16("):]
+    body = body[:body.index("\n}\n")]
+    consts = [int(c, 16) for c in re.findall(r"0x([0-9A-Fa-f]+)u", body)]
+    assert consts == [0x77777777, 0xFFFF, 0x9D8C, 0x80808080, 0xBFAE, 0x80808080, 0xFFFF, 0x5140, 0x7362, 0x5140,
+                      0x7362], consts
+    tables_src = open(os.path.join(ROOT, "runtime/include/mlagen/device/formats.cuh")).read()
+    assert "hi[i / 4] |= (e >> 8) << (8 * (i % 4));" in tables_src and "lo[i / 4] |= (e & 0xffu) << (8 * (i % 4));" \
+        in tables_src and "make_uint4(hi[0], hi[1], lo[0], lo[1])" in tables_src
+
+    def f32_bits(x):
+        return struct.unpack("<I", struct.pack("<f", x))[0] if abs(x) < 2.0 ** 128 else 0x7F800000
+
+    def table(s):  # build_tables' entry s: e2m1 x e8m0 in float32, its top 16 bits
+        ent = [f32_bits(m * 2.0 ** (s - 127)) >> 16 for m in quant.E2M1_VALUES[:8]]
+        pack = lambda bs: bs[0] | bs[1] << 8 | bs[2] << 16 | bs[3] << 24  # noqa: E731
+        return (pack([e >> 8 for e in ent[:4]]), pack([e >> 8 for e in ent[4:]]),
+                pack([e & 0xFF for e in ent[:4]]), pack([e & 0xFF for e in ent[4:]]))
+
+    def expand(w, tab):  # e2m1x8_to_bf16, with the constants read above
+        c = consts
+        w4, m = (w << 4) & 0xFFFFFFFF, w & c[0]
+        h_lo = _prmt(tab[0], tab[1], m & c[1]) | (_prmt(w, w4, c[2]) & c[3])
+        h_hi = _prmt(tab[0], tab[1], m >> 16) | (_prmt(w, w4, c[4]) & c[5])
+        l_lo, l_hi = _prmt(tab[2], tab[3], m & c[6]), _prmt(tab[2], tab[3], m >> 16)
+        return [_prmt(l_lo, h_lo, c[7]), _prmt(l_lo, h_lo, c[8]), _prmt(l_hi, h_hi, c[9]), _prmt(l_hi, h_hi, c[10])]
+
+    g = torch.Generator().manual_seed(7)
+    words = torch.randint(0, 1 << 32, (40,), generator=g, dtype=torch.int64).tolist() + [0, 0x88888888, 0x76543210,
+                                                                                       0xFEDCBA98]
+    data = torch.tensor([[(w >> (8 * i)) & 0xFF for w in words for i in range(4)]], dtype=torch.uint8)  # 1 row
+    n = data.shape[1] * 2
+    for s in range(255):
+        scales = torch.full((1, n // 32 + 1), s, dtype=torch.uint8)
+        ref = quant.dequantize_mxfp4(data, scales[:, :n // 32]).to(torch.bfloat16).view(torch.int16)
+        ref = (ref.to(torch.int64) & 0xFFFF).reshape(-1, 8).tolist()
+        tab = table(s)
+        for w, want in zip(words, ref):
+            got = expand(w, tab)
+            bits = [got[k // 2] >> (16 * (k % 2)) & 0xFFFF for k in range(8)]
+            assert bits == want, f"scale byte {s}, word {w:#010x}: {[hex(b) for b in bits]} != {[hex(b) for b in want]}"

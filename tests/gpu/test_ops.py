@@ -1,6 +1,7 @@
 """GPU tests of torch.ops.mlagen.decode (runtime/python/mlagen/ops.py): torch.library.opcheck,
 the op's output equal to mlagen.decode's, torch.compile(fullgraph=True), CUDA graph capture.
 Fresh random inputs each test; outputs compared bit for bit with the eager binding."""
+import contextlib
 import random
 
 import pytest
@@ -329,6 +330,17 @@ def test_cpp_and_ctypes_paths_name_the_same_field():
         torch.ops.mlagen.decode(q, kv8, scale.double(), qo, kvp, "fp8", "bf16", 512, SM)
 
 
+@contextlib.contextmanager
+def _python_layers_refused(monkeypatch, what):
+    """The binding's Python layers between a call and the C++ entry, patched to fail."""
+    def refuse(*a, **k):
+        raise AssertionError(f"{what} went through the Python layers")
+    with monkeypatch.context() as m:
+        m.setattr(mlagen, "_native_call", refuse)
+        m.setattr(mlagen, "_decode_cached", refuse)
+        yield
+
+
 def test_the_plain_call_takes_the_cpp_entry_and_follows_the_config(monkeypatch):
     """decode()'s plain call and the leaderboard entry go to the C++ entry with the config (_Native.call)
     once the binding has read an equal config: the Python layers in between may fail and the calls
@@ -350,11 +362,7 @@ def test_the_plain_call_takes_the_cpp_entry_and_follows_the_config(monkeypatch):
     want = ctypes_path(cfg)
     assert torch.equal(first, want), f"seed {seed}"
 
-    def refuse(*a, **k):
-        raise AssertionError("the plain call went through the Python layers")
-    with monkeypatch.context() as m:
-        m.setattr(mlagen, "_native_call", refuse)
-        m.setattr(mlagen, "_decode_cached", refuse)
+    with _python_layers_refused(monkeypatch, "the plain call"):
         assert torch.equal(entry(data), want), f"seed {seed}: the entry"
         assert torch.equal(mlagen.decode(*data), want), f"seed {seed}: decode"
         assert mlagen.last_kernel()["name"].startswith("mla_decode_sm90a"), mlagen.last_kernel()
@@ -370,6 +378,50 @@ def test_the_plain_call_takes_the_cpp_entry_and_follows_the_config(monkeypatch):
     with pytest.raises(mlagen.MlagenError, match="kv_data"):
         mlagen.decode(data[0], {"bf16": inp["kv_bf16"]}, data[2], data[3], cfg)
 
+
+
+@pytest.mark.parametrize("form", ["table", "indices"])
+def test_the_paged_call_takes_the_cpp_entry(monkeypatch, form):
+    """decode() on a paged cache (a shuffled block table, or FlashInfer's indices; pages of 64) goes to
+    the same C++ entry with the page arguments after the plain call's: with the Python layers patched
+    to fail it still runs and gives the bits of the binding's own path (out= given); a bad page size
+    still raises the binding's named error."""
+    if mlagen._call is None:
+        pytest.skip("the C++ operators are not loaded (registration: python)")
+    seed = fresh_seed()
+    inp = make_inputs([1024] * 4, seed)
+    cfg = dict(inp["config"])
+    page, batch, kv_len = 64, 4, 1024
+    pages = batch * kv_len // page
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    order = torch.randperm(pages, generator=g).to("cuda")
+    kv8 = inp["kv_fp8"]
+    cache = torch.empty((pages, page, 1, 576), dtype=torch.uint8, device="cuda")
+    cache[order] = kv8.view(torch.uint8).view(pages, page, 1, 576)
+    cache = cache.view(kv8.dtype)
+    kv_data = {"fp8": (cache, inp["kv_scale"])}
+    per = kv_len // page
+    if form == "table":
+        pg = dict(page_table=order.view(batch, per).to(torch.int32),
+                  kv_lens=torch.full((batch,), kv_len, dtype=torch.int32, device="cuda"), page_size=page)
+        kvp = None
+    else:
+        pg = dict(kv_indices=order.to(torch.int32), page_size=page,
+                  kv_last_page_len=torch.full((batch,), page, dtype=torch.int32, device="cuda"))
+        kvp = torch.arange(batch + 1, dtype=torch.int32, device="cuda") * per
+
+    buf = torch.full((4, 16, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    want = mlagen.decode(inp["q"], kv_data, inp["qo_indptr"], kvp, cfg, out=buf, **pg).clone()  # the ctypes path
+    first = mlagen.decode(inp["q"], kv_data, inp["qo_indptr"], kvp, cfg, **pg)  # reads the config
+    assert torch.equal(first, want), f"seed {seed}"
+
+    with _python_layers_refused(monkeypatch, "the paged call"):
+        got = mlagen.decode(inp["q"], kv_data, inp["qo_indptr"], kvp, cfg, **pg)
+        assert torch.equal(got, want), f"seed {seed} {form}: the C++ entry's paged call"
+    plain = mlagen.decode(inp["q"], {"fp8": (kv8, inp["kv_scale"])}, inp["qo_indptr"], inp["kv_indptr"], cfg)
+    assert torch.allclose(got.float(), plain.float(), atol=2e-2, rtol=2e-2), f"seed {seed}: paged vs contiguous"
+    with pytest.raises(mlagen.MlagenError, match="page_size"):
+        mlagen.decode(inp["q"], kv_data, inp["qo_indptr"], kvp, cfg, **dict(pg, page_size=48))
 
 def test_op_scratch_first_made_inside_a_capture():
     """A queue's first call inside a CUDA graph capture gets scratch of its own (zeroed by the

@@ -403,7 +403,7 @@ def test_rows_rescale_when_scores_grow_along_the_sequence(heads, q_len, batch, k
 
 
 def paged_copy(rows, page, seed, spare=3, fmt="fp8"):
-    """rows' fp8 (or bf16) KV scattered into a cache of pages (random order, spare pages of other
+    """rows' fp8 (or bf16, or mxfp4) KV scattered into a cache of pages (random order, spare pages of other
     random rows): the block table (unused entries out of range), kv_lens, and FlashInfer's indices
     form."""
     rng = random.Random(seed)
@@ -415,7 +415,7 @@ def paged_copy(rows, page, seed, spare=3, fmt="fp8"):
     fp8, scale = rows.kv["fp8"] if fmt == "fp8" else (rows.kv["bf16"], None)
     g = torch.Generator(device="cuda").manual_seed(seed + 7)
     cache = torch.randn((num_pages * page, 1, QK), generator=g, device="cuda").to(torch.bfloat16)
-    cache = quantize_fp8(cache)[0] if fmt == "fp8" else cache
+    cache = quantize_fp8(cache)[0] if fmt == "fp8" else cache  # mxfp4: the bf16 cache, quantized below
     start = 0
     for b, L in enumerate(rows.kv_lens):
         for t0 in range(0, L, page):
@@ -429,7 +429,9 @@ def paged_copy(rows, page, seed, spare=3, fmt="fp8"):
     indices = torch.tensor([p for pl in lists for p in pl], dtype=torch.int32, device="cuda")
     page_indptr = qo_of([len(pl) for pl in lists])
     last = torch.tensor([(L - 1) % page + 1 if L else 0 for L in rows.kv_lens], dtype=torch.int32, device="cuda")
-    return (cache, scale) if fmt == "fp8" else cache, table.cuda(), \
+    if fmt == "mxfp4":  # quantized a row at a time: the sequences' rows quantize as rows.kv["mxfp4"] does
+        cache, scale = quant.quantize_mxfp4(cache)
+    return (cache, scale) if fmt in ("fp8", "mxfp4") else cache, table.cuda(), \
         torch.tensor(rows.kv_lens, dtype=torch.int32, device="cuda"), (indices, page_indptr, last)
 
 
@@ -470,6 +472,113 @@ def test_rows_body_on_pages_is_bit_identical_to_contiguous(heads, q_len, block_m
                 f"(max |d| {(out_p.float() - out_c.float()).abs().max().item():.3g})"
             assert torch.equal(lse_p, lse_c), f"seed {seed} page {page} splits {splits} {form}: LSE differs"
         check(rows, outs[0][0], fmt, seed, outs[0][1])
+
+
+def _mxfp4_rows_pair(rows, q_dtype):
+    """The mxfp4 rows kernel and the bf16 rows kernel (32 rows a block, the one block the mxfp4 rows
+    body has), and rows whose bf16 KV is the mxfp4 rows' exact expansion."""
+    d, sc = rows.kv["mxfp4"]
+    rows.kv["bf16"] = quant.dequantize_mxfp4(d, sc, QK).to(torch.bfloat16).reshape(-1, 1, QK)
+    return rows_kernel(q_dtype, 32, "mxfp4"), rows_kernel(q_dtype, 32, "bf16")
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("q_dtype", ["bf16", "fp8"])
+@pytest.mark.parametrize("heads,q_len", [(32, 1), (32, 3), (64, 2), (128, 1), (128, 4), (16, 2), (8, 4)])
+def test_mxfp4_rows_body_is_the_bf16_body_on_its_expansion(heads, q_len, q_dtype, splits):
+    """mxfp4 KV through the rows body (the expanded policy: each O thread reads its blocks of the next
+    tile into registers and expands them into the bf16 tile, exactly) computes what the bf16 rows body
+    computes on the dequantized rows: bit-identical output and LSE, same block, splits and q; lengths
+    around tile edges (a short last tile, a sequence shorter than q_len); and, with a bf16 q, every
+    (token, head) row within the mxfp4 tolerances of float32 and float64 (check())."""
+    seed = fresh_seed()
+    rows = Rows(heads, [q_len] * 4, [1300, 65, 2, 777], seed)
+    mk, bk = _mxfp4_rows_pair(rows, q_dtype)
+    kw = dict(q_dtype="fp8") if q_dtype == "fp8" else {}
+    out_m, lse_m = rows.run("mxfp4", lse=True, kernel=mk, splits=splits, **kw)
+    k = mlagen.last_kernel()
+    assert k["role"] == "generic_rows" and k["kv_dtype"] == "mxfp4" and k["splits"] == splits, k
+    mlagen.check_device_errors()
+    out_b, lse_b = rows.run("bf16", lse=True, kernel=bk, splits=splits, **kw)
+    assert not out_m.isnan().any(), f"seed {seed}: NaN in the output (a row left unwritten?)"
+    assert torch.equal(out_m.view(torch.int16), out_b.view(torch.int16)), \
+        f"seed {seed} {mk}: differs from the bf16 rows body on the expanded rows " \
+        f"(max |d| {(out_m.float() - out_b.float()).abs().max().item():.3g})"
+    assert torch.equal(lse_m, lse_b), f"seed {seed} {mk}: LSE differs from the bf16 rows body's"
+    if not kw:
+        check(rows, out_m, "mxfp4", seed, lse_m)
+
+
+def test_mxfp4_rows_body_expands_every_scale_exactly():
+    """Random packed bytes with E8M0 scales over 0..140 (tiny blocks in bf16's subnormals, 0.5 x
+    2^-127 the least; values up to 6 x 2^13): the rows body's expansion equals torch's dequantization
+    rounded to bf16 (exact), seen as the bf16 rows body's output on those rows, bit for bit."""
+    seed = fresh_seed()
+    rows = Rows(64, [1] * 3, [640, 129, 1000], seed)
+    g = torch.Generator(device="cuda").manual_seed(seed + 3)
+    total = sum(rows.kv_lens)
+    data = torch.randint(0, 256, (total, 1, QK // 2), generator=g, device="cuda", dtype=torch.int32).to(torch.uint8)
+    scales = torch.randint(0, 141, (total, QK // 32), generator=g, device="cuda", dtype=torch.int32).to(torch.uint8)
+    scales[::7, :4] = torch.tensor([0, 1, 2, 3], dtype=torch.uint8, device="cuda")
+    rows.kv["mxfp4"] = (data, scales)
+    rows.q = (rows.q.float() * 1e-3).to(torch.bfloat16)
+    for q_dtype in ("bf16", "fp8"):
+        mk, bk = _mxfp4_rows_pair(rows, q_dtype)
+        kw = dict(q_dtype="fp8") if q_dtype == "fp8" else {}
+        out_m, lse_m = rows.run("mxfp4", lse=True, kernel=mk, splits=2, **kw)
+        out_b, lse_b = rows.run("bf16", lse=True, kernel=bk, splits=2, **kw)
+        assert torch.equal(out_m.view(torch.int16), out_b.view(torch.int16)), \
+            f"seed {seed} {q_dtype} q: the expansion differs from torch's dequantization"
+        assert torch.equal(lse_m, lse_b), f"seed {seed} {q_dtype} q: LSE differs"
+
+
+@pytest.mark.parametrize("page", [16, 64, 256])
+@pytest.mark.parametrize("heads,q_len", [(128, 1), (32, 2), (64, 3)])
+def test_mxfp4_rows_body_on_pages_is_bit_identical_to_contiguous(heads, q_len, page):
+    """Paged mxfp4 (a block table and FlashInfer's indices; pages of a tile or more, and of 16, which
+    the expanded copies read row by row like any other) through the mxfp4 rows body: bit-identical to
+    the contiguous call with the same splits; a page id outside the cache NaNs only its sequence and
+    sets the error word."""
+    seed = fresh_seed()
+    rows = Rows(heads, [q_len] * 4, [1300, 65, 2, 700], seed)
+    kv, table, kv_lens, (indices, page_indptr, last) = paged_copy(rows, page, seed, fmt="mxfp4")
+    mk = rows_kernel("bf16", 32, "mxfp4")
+    for splits in (1, 3):
+        out_c, lse_c = rows.run("mxfp4", lse=True, kernel=mk, splits=splits)
+        for form in ("table", "indices"):
+            out = torch.full_like(out_c, float("nan"))
+            if form == "table":
+                out_p, lse_p = mlagen.decode(rows.q, {"mxfp4": kv}, rows.qo_indptr, None, rows.config,
+                                             kv_format="mxfp4", out=out, q_len=q_len, page_table=table,
+                                             page_size=page, kv_lens=kv_lens, return_lse=True, kernel=mk,
+                                             splits=splits)
+            else:
+                out_p, lse_p = mlagen.decode(rows.q, {"mxfp4": kv}, rows.qo_indptr, page_indptr, rows.config,
+                                             kv_format="mxfp4", out=out, q_len=q_len, kv_indices=indices,
+                                             kv_last_page_len=last, page_size=page, return_lse=True, kernel=mk,
+                                             splits=splits)
+            torch.cuda.synchronize()
+            k = mlagen.last_kernel()
+            assert k["name"] == mk and k["splits"] == splits, k
+            mlagen.check_device_errors()
+            assert torch.equal(out_p.view(torch.int16), out_c.view(torch.int16)), \
+                f"seed {seed} page {page} splits {splits} {form}: paged differs from contiguous " \
+                f"(max |d| {(out_p.float() - out_c.float()).abs().max().item():.3g})"
+            assert torch.equal(lse_p, lse_c), f"seed {seed} page {page} splits {splits} {form}: LSE differs"
+    check(rows, out_c, "mxfp4", seed, lse_c)
+    table[3, 2] = kv[0].shape[0] // page + 3  # sequence 3's third page: outside the cache
+    out = torch.full_like(out_c, float("nan"))
+    out_p, lse_p = mlagen.decode(rows.q, {"mxfp4": kv}, rows.qo_indptr, None, rows.config, kv_format="mxfp4",
+                                 out=out, q_len=q_len, page_table=table, page_size=page, kv_lens=kv_lens,
+                                 return_lse=True, kernel=mk, splits=3)
+    torch.cuda.synchronize()
+    b3 = slice(3 * q_len, 4 * q_len)
+    assert torch.isnan(out_p[b3].float()).all() and torch.isnan(lse_p[b3]).all(), f"seed {seed}: sequence 3 must be NaN"
+    rest = slice(0, 3 * q_len)
+    assert torch.equal(out_p[rest].view(torch.int16), out_c[rest].view(torch.int16)), \
+        f"seed {seed}: sequences 0..2 changed with sequence 3's bad page id"
+    with pytest.raises(mlagen.MlagenError, match="page_table holds a page id outside"):
+        mlagen.check_device_errors()
 
 
 @pytest.mark.parametrize("splits", [1, 3])

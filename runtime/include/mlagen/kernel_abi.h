@@ -83,6 +83,10 @@ struct KvMapsAbi {
   TensorMapBytes main, rope;
   static constexpr int kMainBoxRows = 64, kMainBoxBytes = 128, kRopeBoxRows = 32, kRopeBoxBytes = 64;
   static constexpr int kRowBytesBf16 = 1152, kRopeBoxBytesBf16 = 128;  // a bf16 row; its rope box
+  static constexpr int kRowBytesFp8 = 576;
+  // The rows the bulk tensor copy reads as stored (fp8, bf16). A format the rows body expands on the
+  // way in (mxfp4: its O threads read the packed rows into registers) takes no maps: zeros.
+  static constexpr bool mapped(int row_bytes) { return row_bytes == kRowBytesFp8 || row_bytes == kRowBytesBf16; }
 };
 
 // What the host needs to launch one generated kernel, exported by its code object as the

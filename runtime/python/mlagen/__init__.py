@@ -681,8 +681,9 @@ def decode(q, kv_data, qo_indptr, kv_indptr, config: dict, *, kv_format: str = "
         if page_size or page_table is not None or kv_indices is not None or kv_lens is not None or \
                 kv_last_page_len is not None:
             paged = (page_table, kv_lens, page_size, kv_indices, kv_last_page_len)
-        elif _call is not None and q_scale is None and q_len is None and not return_lse:
-            res = _call(q, kv_data, qo_indptr, kv_indptr, config, kv_format, q_dtype)  # the plain call, in C++
+        if _call is not None and q_scale is None and q_len is None and not return_lse:
+            # the plain call (and the paged one), in C++
+            res = _call(q, kv_data, qo_indptr, kv_indptr, config, kv_format, q_dtype, *(paged or ()))
             if res is not NotImplemented:
                 return res
         res = _native_call(q, kv_data, qo_indptr, kv_indptr, config, kv_format, q_dtype, q_scale, q_len, paged,

@@ -52,6 +52,12 @@ struct KvTraits<KvFormat::kMxfp4> {
   static constexpr int kRowDataBytes = kMxRowBytes;  // 288
 };
 
+// A format the sm90a rows body reads through registers and expands into its bf16 tile
+// (mla_decode_sm90_rows.cuh, RowsKv's primary template): `Block` loads one block of a token's
+// dims and expands it (below, beside the format's other steps). Defined for such formats only.
+template <KvFormat F>
+struct KvRowsExpand;
+
 // E8M0 byte b -> 2^(b-127); b = 255 is NaN, b = 0 is 2^-127 (an fp32 subnormal).
 MLAGEN_DEVICE float e8m0_to_float(uint32_t b) {
   return b == 255u ? __int_as_float(0x7fc00000) : (b == 0u ? __uint_as_float(0x00400000u) : __uint_as_float(b << 23));
@@ -172,6 +178,61 @@ MLAGEN_DEVICE void mxfp4_stage_to_bf16(const uint8_t* stage, int scale_off, int6
     for (int k = 0; k < 4; ++k) dst[k] = make_uint4(o[4 * k], o[4 * k + 1], o[4 * k + 2], o[4 * k + 3]);
   }
 }
+
+#if defined(MLAGEN_NVIDIA)
+// One scale block of a token as the sm90a rows body reads mxfp4 (its expanded policy,
+// mla_decode_sm90_rows.cuh): the block's 16 packed bytes and its E8M0 byte, loaded from global
+// memory into registers a tile ahead, then expanded to 32 bf16 values straight into the bf16 tile
+// through the block's tables (sm90::e2m1x8_to_bf16), exact: the tables hold what
+// mxfp4x8_to_bf16 computes (every E2M1 value times a power of two is a bf16; 255 is NaN). A row
+// past the end loads nothing and expands to zeros, so a masked token never feeds a NaN into P*V.
+struct MxBf16Block {
+  static constexpr int kDims = kMxBlock;     // dims a block (64 bytes of bf16)
+  static constexpr int kBlocks = kMxBlocks;  // blocks a token
+  static constexpr int kTableBytes = 256 * 16;  // the tables, one entry a scale byte (build_tables)
+  static constexpr uint32_t kDead = 0x100u;  // `scale` of a row past the end (not a byte)
+  uint4 packed;
+  uint32_t scale;  // the E8M0 byte, or kDead
+  // The tables of every scale byte s in shared memory at `base`, threads tid of n: entry s (16
+  // bytes) = the high bytes of the bf16 of the 8 E2M1 magnitudes x 2^(s - 127), codes 0..3 then
+  // 4..7, then their low bytes.
+  MLAGEN_DEVICE static void build_tables(uint32_t base, int tid, int n) {
+    for (int b = tid; b < 256; b += n) {
+      const float sc = e8m0_to_float(static_cast<uint32_t>(b));
+      uint32_t hi[2] = {0u, 0u}, lo[2] = {0u, 0u};
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const uint32_t e = __float_as_uint(e2m1_to_float(static_cast<uint32_t>(i)) * sc) >> 16;
+        hi[i / 4] |= (e >> 8) << (8 * (i % 4));
+        lo[i / 4] |= (e & 0xffu) << (8 * (i % 4));
+      }
+      sm90::sts128(base + 16 * b, make_uint4(hi[0], hi[1], lo[0], lo[1]));
+    }
+  }
+  template <class Rows>
+  MLAGEN_DEVICE void load(const Params& p, const Rows& rows, int t, bool live, int blk, bool& bad) {
+    scale = kDead;
+    packed = make_uint4(0u, 0u, 0u, 0u);
+    if (!live) return;
+    const int64_t row = rows.row(t, bad);
+    packed = reinterpret_cast<const uint4*>(p.kv + row * p.kv_stride_bytes)[blk];
+    scale = p.kv_scales[row * p.kv_scales_stride + blk];
+  }
+  // this block's tables (zeros for a row past the end)
+  MLAGEN_DEVICE uint4 table(uint32_t tables) const {
+    return scale == kDead ? make_uint4(0u, 0u, 0u, 0u) : sm90::lds128(tables + 16 * scale);
+  }
+  // dims 8 k .. 8 k + 7 of the block (k < 4) as 4 bf16x2 words
+  MLAGEN_DEVICE void expand8(int k, uint4 tab, uint32_t (&o)[4]) const {
+    const uint32_t w = k == 0 ? packed.x : k == 1 ? packed.y : k == 2 ? packed.z : packed.w;
+    sm90::e2m1x8_to_bf16(w, tab, o);
+  }
+};
+template <>
+struct KvRowsExpand<KvFormat::kMxfp4> {
+  using Block = MxBf16Block;
+};
+#endif
 
 // ---- the query ----------------------------------------------------------------------------
 // bf16 q is used as given. fp8 q is the arch's flavour with a per-tensor scale, either given

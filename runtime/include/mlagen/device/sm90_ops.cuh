@@ -173,7 +173,7 @@ MLAGEN_DEVICE void wgmma_fence_regs(uint32_t (&r)[N]) {
 //   (low half = lower k).
 // M-major A ("_mn": the descriptor describes A^T, a matrix of 16 rows along K, each 64 M-contiguous
 //   values; 128B swizzle): 8-row atoms of 1024 bytes along K (SBO between them), 64 values of M in
-//   a 128-byte row, LBO between 64-value groups of M.
+//   a 128-byte row, LBO between 64-value groups of M. N-major B ("_nb") is the same layout along N.
 #include "wgmma_ops.inc"
 
 // mbarriers in shared memory (sm_90): init by one thread (then a barrier), arrive, and wait for
@@ -237,6 +237,18 @@ MLAGEN_DEVICE void stmatrix_x4_trans(uint32_t addr, uint32_t a, uint32_t b, uint
   asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(a), "r"(b),
                "r"(c), "r"(d) : "memory");
 }
+// The same, each stored as it is (lane 8 i + q: the address of stored row q of matrix i, the
+// fragment's row q).
+MLAGEN_DEVICE void stmatrix_x4(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(a), "r"(b), "r"(c),
+               "r"(d) : "memory");
+}
+// Four 8 x 8 b16 matrices into the mma fragment layout (thread 4 g + t of matrix i: row g, columns
+// 2 t, 2 t + 1 in register i): lane 8 i + q gives the address of row q of matrix i (16 bytes).
+MLAGEN_DEVICE void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
 MLAGEN_DEVICE void sts32(uint32_t addr, uint32_t v) { asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory"); }
 MLAGEN_DEVICE void sts128(uint32_t addr, uint4 v) {
   asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
@@ -270,6 +282,22 @@ MLAGEN_DEVICE void e2m1x8_to_e4m3(uint32_t w, uint32_t t0, uint32_t t1, uint32_t
   const uint32_t w4 = w << 4, m = w & 0x77777777u;
   lo = prmt(t0, t1, m & 0xffffu) | (prmt(w, w4, 0x9D8Cu) & 0x80808080u);
   hi = prmt(t0, t1, m >> 16) | (prmt(w, w4, 0xBFAEu) & 0x80808080u);
+}
+
+// 8 E2M1 values (w, low nibble = even index) -> 4 bf16x2 words (values 2k, 2k + 1 in word k)
+// through a block's 8-entry tables of the magnitude codes' bf16 bytes, which carry its power of
+// two (tab.x / tab.y: the high bytes of codes 0..3 / 4..7; tab.z / tab.w: their low bytes): the two
+// bytes of 4 values by two prmt each, the signs into the high bytes as e2m1x8_to_e4m3 spreads them,
+// the bytes paired by two more. ~1.9 instructions a value (mxfp4x8_to_bf16's float path: ~5.5).
+MLAGEN_DEVICE void e2m1x8_to_bf16(uint32_t w, uint4 tab, uint32_t (&o)[4]) {
+  const uint32_t w4 = w << 4, m = w & 0x77777777u;
+  const uint32_t h_lo = prmt(tab.x, tab.y, m & 0xffffu) | (prmt(w, w4, 0x9D8Cu) & 0x80808080u);
+  const uint32_t h_hi = prmt(tab.x, tab.y, m >> 16) | (prmt(w, w4, 0xBFAEu) & 0x80808080u);
+  const uint32_t l_lo = prmt(tab.z, tab.w, m & 0xffffu), l_hi = prmt(tab.z, tab.w, m >> 16);
+  o[0] = prmt(l_lo, h_lo, 0x5140u);
+  o[1] = prmt(l_lo, h_lo, 0x7362u);
+  o[2] = prmt(l_hi, h_hi, 0x5140u);
+  o[3] = prmt(l_hi, h_hi, 0x7362u);
 }
 
 }  // namespace mlagen::device::sm90
