@@ -281,7 +281,8 @@ std::pair<int64_t, int64_t> kv_rows(const at::Tensor& kv, int64_t row, int32_t f
       return {s[0] * page_size, st[1]};
   }
   std::string want = "(total_kv, 1, " + std::to_string(row) + ")";
-  if (page_size > 0) want += " or (num_pages, " + std::to_string(page_size) + ", [1,] " + std::to_string(row) + ")";
+  if (page_size > 0)
+    want += " or (num_pages, page_size=" + std::to_string(page_size) + ", [1,] " + std::to_string(row) + ")";
   const char* name = kMlagenKvBindings[format];
   invalid("kv: shape " + tup(s) + " strides " + tup(st) + ": expected " + want + " with contiguous dims (" + name + ")");
 }

@@ -536,7 +536,7 @@ def _kv_rows(kv, row: int, kv_format: str, page_size: int):
         if page_size and shape[1] == page_size and (kv.dim() == 3 or shape[2] == 1) and \
                 (shape[0] == 1 or st[0] == page_size * st[1]):
             return shape[0] * page_size, st[1]
-    want = f"(total_kv, 1, {row})" + (f" or (num_pages, {page_size}, [1,] {row})" if page_size else "")
+    want = f"(total_kv, 1, {row})" + (f" or (num_pages, page_size={page_size}, [1,] {row})" if page_size else "")
     raise MlagenError(1, f"kv: shape {shape} strides {st}: expected {want} with contiguous dims ({kv_format})")
 
 
