@@ -53,10 +53,16 @@ test-installed:
 # rather than skip without vLLM (MLAGEN_REQUIRE_VLLM=1). vLLM pins torch (0.33: 2.14, CUDA wheels
 # from PyPI, ~5 GB); the kernels never run here, the GPU half is tests/gpu/test_serving.py.
 VLLM_VENV ?= build/venv-vllm
-VLLM_PIP = $(VLLM_VENV)/bin/pip --disable-pip-version-check
+# (no pip cache: the wheels would take ~5 GB more of a disk the CI machine shares; a run once stopped
+# on "No space left on device" here)
+VLLM_PIP = $(VLLM_VENV)/bin/pip --disable-pip-version-check --no-cache-dir
 venv-vllm:
 	@if ! $(VLLM_VENV)/bin/python -c 'import vllm, pytest' 2>/dev/null; then \
-	  set -e; rm -rf $(VLLM_VENV); python3 -m venv $(VLLM_VENV); \
+	  set -e; rm -rf $(VLLM_VENV); \
+	  free=$$(df -Pk $(dir $(abspath $(VLLM_VENV))) | awk 'NR==2 {print int($$4 / 1048576)}'); \
+	  echo "venv-vllm: $$free GB free for ~10 GB"; \
+	  if [ "$$free" -lt 11 ]; then echo "venv-vllm: $$free GB free on $(dir $(abspath $(VLLM_VENV))), expected >= 11 GB" >&2; exit 1; fi; \
+	  python3 -m venv $(VLLM_VENV); \
 	  $(VLLM_PIP) install -q -U pip; \
 	  $(VLLM_PIP) install -q -e '.[vllm]' pytest -C wheel.cmake=false; \
 	else $(VLLM_PIP) install -q --no-deps -e . -C wheel.cmake=false; fi
