@@ -8,8 +8,8 @@
 #   echo a48d13a > .peers/base_ab/.commit
 # then run(command="bash bench/experiments/serving_ab.sh", carry=[".peers", ".commit"]): ~6 min
 # cold (two builds of ~100 s), ~4 warm. Prediction: if the paged call's C++ entry costs device time,
-# this tree stays 2-4 us behind on 8 heads 1x1024 and 16 heads 4x1024 in both rounds and in the
-# round 2; if it is the run's first cells' cold code, the gap closes in round 2.
+# this tree stays 2-4 us behind on 8 heads 1x1024 and 16 heads 4x1024 in both rounds (small cells
+# first, then last); if it is the run's first cells' cold code, the gap closes in round 2.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"; LOG=/tmp/ab_logs; mkdir -p "$LOG"
