@@ -834,6 +834,19 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
     setmaxnreg_dec<L::kRegsS>();
     const uint64_t q_desc = wgmma_desc(s_q, L::kQLbo, L::kQSbo);
     const int row0 = 16 * w + g;
+    int min_end = tok_end;  // tiles ending before every row's causal end need no mask
+    for (int r = 0; r < R; ++r) min_end = min(min_end, row_end[r]);
+    // Once l_final holds the sums: the pages' verdict, then l_final to the O groups through an
+    // mbarrier. Pages: only the O groups read page ids (their copies); each sets any_bad_page
+    // before its arrivals on empty, so after the last tile's phase group 0 sees it, and so do the
+    // O groups after sums_ready. (No block barrier: one reached from the two roles' code is
+    // divergent to synccheck.)
+    const auto hand_off = [&]() {
+      if (blk.rows.paged() && ntiles > 0) mbarrier_wait(empty((ntiles - 1) % PS), ((ntiles - 1) / PS) & 1);
+      const bool bad = (blk.rows.paged() && *any_bad_page != 0) || blk.seq.bad;
+      mbarrier_arrive(sums_ready);
+      return bad;
+    };
     if constexpr (L::kSRowsAsM) {
       // ---- S = Q K^T with the query rows as the wgmma's M (F::s_rows): thread (w, g, t) holds rows
       // row0 + 8 h (h < 2), tokens 8 j + 2 t + e of the tile at s[4 j + 2 h + e]. A row's maximum
@@ -842,11 +855,9 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
       // at L::p_at(r, 8 j), the layout the O groups read.
       float m[2], l[2], cs[2];
       int end[2];
-      int min_end = tok_end;  // tiles ending before every row's causal end need no mask
 #pragma unroll
       for (int h = 0; h < 2; ++h)
         m[h] = -INFINITY, l[h] = 0.f, cs[h] = row_cs[row0 + 8 * h], end[h] = row_end[row0 + 8 * h];
-      for (int r = 0; r < R; ++r) min_end = min(min_end, row_end[r]);
       // stmatrix: lane -> row lane % 8 of matrix lane / 8 (h = lane / 8 % 2, j = 2 q4 + lane / 16)
       const uint32_t p_lane = L::p_at(16 * w + 8 * (lane / 8 % 2) + lane % 8, 8 * (lane / 16));
       for (int it = 0; it < ntiles; ++it) {
@@ -896,10 +907,7 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
         l[h] += __shfl_xor(l[h], 2);
         if (t == 0) l_final[row0 + 8 * h] = l[h];
       }
-      // (pages and the sums' handoff as the S^T path's, below)
-      if (blk.rows.paged() && ntiles > 0) mbarrier_wait(empty((ntiles - 1) % PS), ((ntiles - 1) / PS) & 1);
-      const bool bad = (blk.rows.paged() && *any_bad_page != 0) || blk.seq.bad;
-      mbarrier_arrive(sums_ready);
+      const bool bad = hand_off();
       if (t == 0)
         write_rows(p, blk.qr, splits, [&](const auto& out) {
 #pragma unroll
@@ -907,10 +915,8 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
         });
     } else {
       float m[NS], l[NS], cs[NS];  // rows 8 j + 2 t + e, slot k = 2 j + e
-      int min_end = tok_end;       // tiles ending before every row's causal end need no mask
 #pragma unroll
       for (int k = 0; k < NS; ++k) m[k] = -INFINITY, l[k] = 0.f, cs[k] = row_cs[wg_column(k, t)];
-      for (int r = 0; r < R; ++r) min_end = min(min_end, row_end[r]);
       // stmatrix: lane -> row lane % 8 of fragment lane / 8 (j = lane / 16, r = lane / 8 % 2) of a group of four
       const uint32_t p_lane = L::p_at(8 * (lane / 16) + lane % 8, 16 * w + 8 * (lane / 8 % 2));
       for (int it = 0; it < ntiles; ++it) {
@@ -1015,14 +1021,7 @@ MLAGEN_DEVICE void decode_rows(const Params& p, const KvMaps& maps, uint8_t* sme
           l[k] = red[row] + red[R + row] + red[2 * R + row] + red[3 * R + row];
           l_final[row] = l[k];
         }
-      // Pages: only the O groups read page ids (their copies); each sets any_bad_page before its
-      // arrivals on empty, so after the last tile's phase group 0 sees it, and so do the O groups
-      // after sums_ready. (No block barrier: one reached from the two roles' code is divergent to
-      // synccheck.)
-      if (blk.rows.paged() && ntiles > 0) mbarrier_wait(empty((ntiles - 1) % PS), ((ntiles - 1) / PS) & 1);
-      const bool bad = (blk.rows.paged() && *any_bad_page != 0) || blk.seq.bad;
-      // l_final for the O groups, through an mbarrier
-      mbarrier_arrive(sums_ready);
+      const bool bad = hand_off();
       if (w == 0 && g == 0)
         write_rows(p, blk.qr, splits, [&](const auto& out) {
 #pragma unroll
